@@ -1,0 +1,50 @@
+# fastllm-stack. `make run` sets up and serves the demo; `make test` runs the whole suite.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+DEMO ?= demo-models/llama-tiny
+# CPU torch pinned on this install path; GPU users install their CUDA build of torch first.
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: setup setup-test run demo-model test lint typecheck bench dashboards clean
+
+$(BIN)/fastllm: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q $(TORCH_PIN)
+	$(BIN)/pip install -q -e .
+	touch $@
+
+setup: $(BIN)/fastllm
+
+$(VENV)/.test-deps: $(BIN)/fastllm
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+setup-test: $(VENV)/.test-deps
+
+$(DEMO)/config.json: | $(BIN)/fastllm
+	$(BIN)/fastllm make-demo-model $(DEMO) --arch llama --size tiny
+
+demo-model: $(DEMO)/config.json
+
+run: setup demo-model
+	$(BIN)/fastllm serve --model $(DEMO)
+
+test: setup-test
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+lint: setup-test
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy runtime monitoring storage alerts
+
+bench: setup-test
+	$(BIN)/python -m bench.generate --quick
+	$(BIN)/python -m bench.allocator --quick
+
+dashboards: setup
+	$(BIN)/fastllm dashboards build
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,142 @@
+"""The one settings object. Precedence: CLI flags (init kwargs) > FASTLLM_* environment > YAML file
+(`FASTLLM_CONFIG` or `--config`) > the embedded defaults below.
+
+Embedded defaults run everything in one process: SQLite file, in-process alert evaluator,
+tracing off unless OTEL_EXPORTER_OTLP_ENDPOINT is set, the demo model built locally.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+DEFAULT_DEMO_MODEL_DIR = Path("demo-models/llama-tiny")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FASTLLM_", extra="forbid", validate_default=True)
+
+    # --- model -------------------------------------------------------------------------------
+    model_path: Path = Field(DEFAULT_DEMO_MODEL_DIR, description="HF-format checkpoint directory")
+    model_name: str = Field("", description="name served by the API; defaults to the dir name")
+    model_version: str = Field("stable", description="`version` label of this model")
+    canary_model_path: Path | None = Field(None, description="second version served side by side")
+    canary_version: str = "canary"
+    canary_weight: float = Field(0.0, ge=0.0, le=1.0, description="fraction routed to the canary")
+    dtype: str = Field("float32", pattern="^(float32|bfloat16|float16)$")
+    device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
+    legacy_support: bool = False
+
+    # --- engine ------------------------------------------------------------------------------
+    max_num_seqs: int = Field(64, ge=1, description="upper bound of the batch (sequences)")
+    min_num_seqs: int = Field(1, ge=1)
+    initial_num_seqs: int = Field(16, ge=1)
+    max_num_batched_tokens: int = Field(2048, ge=16, description="per-step token budget")
+    max_queued_requests: int = Field(256, ge=1)
+    max_queued_tokens: int = Field(262144, ge=1)
+    request_timeout_s: float = Field(120.0, gt=0)
+    kv_cache_bytes: int = Field(1 << 30, ge=1 << 20, description="bytes of KV the engine may hold")
+    num_replicas: int = Field(1, ge=1, description="engine replicas (work-stealing pool)")
+
+    # --- adaptive batch policy -----------------------------------------------------------------
+    min_util: float = Field(0.6, ge=0.0, le=1.0)
+    max_util: float = Field(0.8, ge=0.0, le=1.0)
+    step_up: float = Field(0.2, gt=0.0, le=1.0)
+    step_down: float = Field(0.1, gt=0.0, le=1.0)
+    control_interval_s: float = Field(1.0, gt=0.0)
+
+    # --- server ------------------------------------------------------------------------------
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    api_keys: list[str] = Field(default_factory=list, description="empty = open")
+    admin_token: str | None = Field(None, description="admin endpoints are refused when unset")
+    max_body_bytes: int = Field(1 << 20, ge=1024)
+    drain_grace_s: float = Field(30.0, ge=0.0)
+
+    # --- monitoring ----------------------------------------------------------------------------
+    latency_buckets_s: list[float] = Field(
+        default_factory=lambda: [
+            0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+            1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+        ]
+    )
+    memory_sample_interval_s: float = Field(5.0, gt=0)
+    otel_service_name: str = "fastllm"
+    trace_sample_ratio: float = Field(1.0, ge=0.0, le=1.0)
+
+    # --- storage / verification ------------------------------------------------------------------
+    database_url: str = "sqlite:///var/fastllm.db"
+    log_queue_size: int = Field(10000, ge=1)
+    log_batch_size: int = Field(256, ge=1)
+    retention_days: float = Field(30.0, gt=0)
+    verify_sample_rate: float = Field(0.01, ge=0.0, le=1.0)
+    verify_threshold: float | None = Field(None, description="override per-dtype default")
+
+    # --- alerts ------------------------------------------------------------------------------
+    alerts_enabled: bool = True
+    alerts_interval_s: float = Field(15.0, gt=0)
+    alerts_rules_path: Path | None = None
+    alerts_webhook_url: str | None = None
+    alertmanager_url: str | None = None
+    # multiply every rule's `for:` and range windows by this (tests/demos shorten them)
+    alerts_time_scale: float = Field(1.0, gt=0)
+    debug_leak_blocks_per_request: int = Field(0, ge=0, description="debug: leak blocks on purpose")
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [k.strip() for k in value.split(",") if k.strip()]
+        return value
+
+    @model_validator(mode="after")
+    def _check_band(self) -> Settings:
+        if self.min_util >= self.max_util:
+            raise ValueError(f"min_util ({self.min_util}) must be below max_util ({self.max_util})")
+        if not self.min_num_seqs <= self.max_num_seqs:
+            raise ValueError("min_num_seqs must not exceed max_num_seqs")
+        return self
+
+    @property
+    def served_model_name(self) -> str:
+        return self.model_name or Path(self.model_path).name
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        yaml_path = os.environ.get("FASTLLM_CONFIG")
+        if yaml_path:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=yaml_path))
+        return tuple(sources)
+
+
+def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
+    """Build settings; `overrides` are CLI flags (None values are ignored so defaults apply)."""
+    flags = {k: v for k, v in overrides.items() if v is not None}
+    if config_file is None:
+        return Settings(**flags)
+    previous = os.environ.get("FASTLLM_CONFIG")
+    os.environ["FASTLLM_CONFIG"] = str(config_file)
+    try:
+        return Settings(**flags)
+    finally:
+        if previous is None:
+            os.environ.pop("FASTLLM_CONFIG", None)
+        else:
+            os.environ["FASTLLM_CONFIG"] = previous

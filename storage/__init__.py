@@ -1,0 +1,1 @@
+"""fastllm storage package."""
