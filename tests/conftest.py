@@ -23,3 +23,19 @@ def require_binary(name: str, *candidates: str) -> str:
         pytest.fail(message)
     pytest.skip(message)
     raise AssertionError("unreachable")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`cuda` tests run only where a CUDA device exists (`pytest -m cuda` on a GPU machine)."""
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except ImportError:  # pragma: no cover - torch is a hard dependency
+        has_cuda = False
+    if has_cuda:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device; run `pytest -m cuda` on a GPU machine")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
