@@ -35,6 +35,9 @@ class Settings(BaseSettings):
     dtype: str = Field("float32", pattern="^(float32|bfloat16|float16)$")
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
     legacy_support: bool = False
+    embedding_model_path: Path | None = Field(
+        None, description="a BERT-family model served beside, for /v1/embeddings"
+    )
 
     # --- engine ------------------------------------------------------------------------------
     max_num_seqs: int = Field(64, ge=1, description="upper bound of the batch (sequences)")
@@ -46,6 +49,12 @@ class Settings(BaseSettings):
     request_timeout_s: float = Field(120.0, gt=0)
     kv_cache_bytes: int = Field(1 << 30, ge=1 << 20, description="bytes of KV the engine may hold")
     num_replicas: int = Field(1, ge=1, description="engine replicas (work-stealing pool)")
+
+    # --- allocator (runtime.allocator.AllocatorConfig.from_settings) ----------------------------
+    allocator_small_max_bytes: int = Field(1 << 20, ge=16, description="small tier: below this")
+    allocator_medium_max_bytes: int = Field(10 << 20, ge=16, description="large tier: above this")
+    allocator_small_blocks_per_class: int = Field(32, ge=0, description="preallocated per class")
+    allocator_medium_cache_bytes: int = Field(256 << 20, ge=0, description="medium LRU cache cap")
 
     # --- adaptive batch policy -----------------------------------------------------------------
     min_util: float = Field(0.6, ge=0.0, le=1.0)
@@ -61,6 +70,10 @@ class Settings(BaseSettings):
     admin_token: str | None = Field(None, description="admin endpoints are refused when unset")
     max_body_bytes: int = Field(1 << 20, ge=1024)
     drain_grace_s: float = Field(30.0, ge=0.0)
+    # which parts the server wires around the engines (tests and benchmarks switch them off)
+    metrics_enabled: bool = True
+    tracing_enabled: bool = True
+    storage_enabled: bool = True
 
     # --- monitoring ----------------------------------------------------------------------------
     latency_buckets_s: list[float] = Field(

@@ -2,6 +2,7 @@
 
     FastllmError                      base; `.http_status` and `.error_type` map it to an API error
     ├── ConfigError                   bad settings / CLI flags                              (400)
+    │   └── AlertRuleError            an alert rule file that does not parse / validate
     ├── ModelLoadError                checkpoint problems: missing dir/config, unsupported
     │   │                             architecture, missing/mismatched tensor, corrupt file  (500*)
     │   └── UnsafeCheckpointError     a pickle that would run code, refused                 (400)
@@ -13,6 +14,8 @@
     ├── ServiceUnavailable            not ready / draining                                  (503)
     ├── RequestTimeout                a request ran past its deadline                       (504)
     ├── RequestCancelled              the request was cancelled (client went away)          (499)
+    ├── EngineInternalError           a model step failed; its requests fail, engine lives  (500)
+    ├── StorageError                  database unreachable / misconfigured / not migrated   (503)
     └── AllocatorError                misuse of a memory block
         ├── DoubleReleaseError
         ├── UseAfterReleaseError
@@ -50,6 +53,10 @@ class ModelLoadError(FastllmError):
 class UnsafeCheckpointError(ModelLoadError):
     http_status = 400
     error_type = "invalid_request_error"
+
+
+class AlertRuleError(ConfigError):
+    """An alert rule file that does not parse, or uses PromQL the embedded evaluator lacks."""
 
 
 class InvalidRequestError(FastllmError):
@@ -98,6 +105,20 @@ class RequestTimeout(FastllmError):
 class RequestCancelled(FastllmError):
     http_status = 499
     error_type = "cancelled"
+
+
+class StorageError(FastllmError):
+    """The database is unreachable, misconfigured or cannot be migrated."""
+
+    http_status = 503
+    error_type = "storage_error"
+
+
+class EngineInternalError(FastllmError):
+    """A step of the engine failed (e.g. an exception in the model); its requests fail with it."""
+
+    http_status = 500
+    error_type = "internal_error"
 
 
 class AllocatorError(FastllmError):

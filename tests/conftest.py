@@ -7,7 +7,10 @@ import shutil
 
 import pytest
 
-pytest_plugins: list[str] = []
+pytest_plugins: list[str] = ["tests.fixtures.prometheus"]
+pytest_plugins.append("tests.fixtures.demo_models")  # demo_model_dir, demo_tokenizer_dir
+pytest_plugins.append("tests.fixtures.postgres")  # postgres_cluster (stop/start), postgres_url
+pytest_plugins.append("tests.fixtures.alertmanager")  # alertmanager_server, webhook_receiver
 
 
 def require_binary(name: str, *candidates: str) -> str:

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 
 import click

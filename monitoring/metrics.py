@@ -1,0 +1,228 @@
+"""The metric contract (DESIGN.md, "Metric names"): every name, type and label set in one place.
+
+Dashboards and alert rules depend on these names, so they are spelled out literally here. All
+metrics live on a registry the caller owns (one per app instance; never the process-global one). The
+memory gauges `fastllm_memory_usage{type}` / `fastllm_memory_total{type}` are produced at scrape
+time by `monitoring.samplers.MemoryCollector`, registered on the same registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Every name of the contract table, as a scrape shows it (counters with their `_total`).
+CONTRACT_METRIC_NAMES: tuple[str, ...] = (
+    "fastllm_memory_usage",
+    "fastllm_memory_total",
+    "fastllm_device_utilization_ratio",
+    "fastllm_batch_size",
+    "fastllm_batch_size_limit",
+    "fastllm_num_requests_running",
+    "fastllm_num_requests_waiting",
+    "fastllm_time_to_first_token_seconds",
+    "fastllm_time_per_output_token_seconds",
+    "fastllm_e2e_request_latency_seconds",
+    "fastllm_request_queue_seconds",
+    "fastllm_prompt_tokens_total",
+    "fastllm_generation_tokens_total",
+    "fastllm_request_success_total",
+    "fastllm_request_failure_total",
+    "fastllm_allocator_bytes",
+    "fastllm_allocator_events_total",
+    "fastllm_operator_anomalies_total",
+    "fastllm_scheduler_steals_total",
+    "fastllm_inference_log_dropped_total",
+)
+
+# Label values pre-initialised so that a scrape shows them at zero before any traffic.
+FINISHED_REASONS: tuple[str, ...] = ("stop", "length", "cancelled")
+FAILURE_REASONS: tuple[str, ...] = ("validation", "overloaded", "internal", "timeout")
+ALLOCATOR_TIERS: tuple[str, ...] = ("small", "medium", "large")
+ALLOCATOR_STATES: tuple[str, ...] = ("in_use", "cached")
+ALLOCATOR_EVENTS: tuple[str, ...] = ("hit", "miss", "evict", "release")
+VERIFIED_OPS: tuple[str, ...] = ("logit", "geglu", "swiglu", "rms_norm", "rotary", "attention")
+
+DEFAULT_BATCH_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512)
+
+_MV = ("model", "version")
+
+
+@dataclass
+class FastllmMetrics:
+    """The contract's metric objects on one registry (memory gauges excepted, see module doc)."""
+
+    registry: CollectorRegistry
+    device_utilization: Gauge
+    batch_size: Histogram
+    batch_size_limit: Gauge
+    num_requests_running: Gauge
+    num_requests_waiting: Gauge
+    time_to_first_token: Histogram
+    time_per_output_token: Histogram
+    e2e_request_latency: Histogram
+    request_queue: Histogram
+    prompt_tokens: Counter
+    generation_tokens: Counter
+    request_success: Counter
+    request_failure: Counter
+    allocator_bytes: Gauge
+    allocator_events: Counter
+    operator_anomalies: Counter
+    scheduler_steals: Counter
+    inference_log_dropped: Counter
+    build_info: Gauge
+
+    @classmethod
+    def create(
+        cls,
+        registry: CollectorRegistry,
+        *,
+        latency_buckets_s: Sequence[float],
+        batch_buckets: Sequence[float] = DEFAULT_BATCH_BUCKETS,
+    ) -> FastllmMetrics:
+        r = registry
+        lat = tuple(sorted(latency_buckets_s))
+        return cls(
+            registry=r,
+            device_utilization=Gauge(
+                "fastllm_device_utilization_ratio",
+                "Device utilization 0-1 (NVML on CUDA, engine busy fraction otherwise).",
+                ["device"],
+                registry=r,
+            ),
+            batch_size=Histogram(
+                "fastllm_batch_size",
+                "Sequences per engine step.",
+                _MV,
+                buckets=tuple(sorted(batch_buckets)),
+                registry=r,
+            ),
+            batch_size_limit=Gauge(
+                "fastllm_batch_size_limit",
+                "Current batch-size limit set by the adaptive policy.",
+                _MV,
+                registry=r,
+            ),
+            num_requests_running=Gauge(
+                "fastllm_num_requests_running", "Requests in the running batch.", _MV, registry=r
+            ),
+            num_requests_waiting=Gauge(
+                "fastllm_num_requests_waiting", "Requests in the waiting queue.", _MV, registry=r
+            ),
+            time_to_first_token=Histogram(
+                "fastllm_time_to_first_token_seconds",
+                "Time from admission to the first generated token.",
+                _MV,
+                buckets=lat,
+                registry=r,
+            ),
+            time_per_output_token=Histogram(
+                "fastllm_time_per_output_token_seconds",
+                "Mean time per output token after the first.",
+                _MV,
+                buckets=lat,
+                registry=r,
+            ),
+            e2e_request_latency=Histogram(
+                "fastllm_e2e_request_latency_seconds",
+                "Time from admission to the end of the request.",
+                _MV,
+                buckets=lat,
+                registry=r,
+            ),
+            request_queue=Histogram(
+                "fastllm_request_queue_seconds",
+                "Time from admission to the first schedule.",
+                _MV,
+                buckets=lat,
+                registry=r,
+            ),
+            prompt_tokens=Counter(
+                "fastllm_prompt_tokens_total", "Prompt tokens processed.", _MV, registry=r
+            ),
+            generation_tokens=Counter(
+                "fastllm_generation_tokens_total", "Tokens generated.", _MV, registry=r
+            ),
+            request_success=Counter(
+                "fastllm_request_success_total",
+                "Requests that ended normally, by finished_reason.",
+                [*_MV, "finished_reason"],
+                registry=r,
+            ),
+            request_failure=Counter(
+                "fastllm_request_failure_total",
+                "Requests that failed, by reason.",
+                [*_MV, "reason"],
+                registry=r,
+            ),
+            allocator_bytes=Gauge(
+                "fastllm_allocator_bytes",
+                "Allocator bytes per tier and state (in_use, cached).",
+                ["tier", "state"],
+                registry=r,
+            ),
+            allocator_events=Counter(
+                "fastllm_allocator_events_total",
+                "Allocator events per tier (hit, miss, evict, release).",
+                ["tier", "event"],
+                registry=r,
+            ),
+            operator_anomalies=Counter(
+                "fastllm_operator_anomalies_total",
+                "Verified results whose error exceeds the threshold.",
+                [*_MV, "op"],
+                registry=r,
+            ),
+            scheduler_steals=Counter(
+                "fastllm_scheduler_steals_total", "Work-stealing events.", registry=r
+            ),
+            inference_log_dropped=Counter(
+                "fastllm_inference_log_dropped_total",
+                "inference_log rows the writer could not store.",
+                registry=r,
+            ),
+            build_info=Gauge(
+                "fastllm_build_info",
+                "Build and configuration (value 1).",
+                ["version", "model", "dtype", "device", "legacy"],
+                registry=r,
+            ),
+        )
+
+    def init_labels(self, model: str, version: str) -> None:
+        """Create the zero-valued series of one served (model, version)."""
+        for metric in (
+            self.batch_size,
+            self.batch_size_limit,
+            self.num_requests_running,
+            self.num_requests_waiting,
+            self.time_to_first_token,
+            self.time_per_output_token,
+            self.e2e_request_latency,
+            self.request_queue,
+            self.prompt_tokens,
+            self.generation_tokens,
+        ):
+            metric.labels(model, version)
+        for reason in FINISHED_REASONS:
+            self.request_success.labels(model, version, reason)
+        for reason in FAILURE_REASONS:
+            self.request_failure.labels(model, version, reason)
+        for op in VERIFIED_OPS:
+            self.operator_anomalies.labels(model, version, op)
+
+    def init_allocator_labels(self) -> None:
+        for tier in ALLOCATOR_TIERS:
+            for state in ALLOCATOR_STATES:
+                self.allocator_bytes.labels(tier, state)
+            for event in ALLOCATOR_EVENTS:
+                self.allocator_events.labels(tier, event)
+
+    def set_build_info(
+        self, *, version: str, model: str, dtype: str, device: str, legacy: bool
+    ) -> None:
+        self.build_info.clear()
+        self.build_info.labels(version, model, dtype, device, str(legacy).lower()).set(1)

@@ -1,0 +1,256 @@
+"""OpenTelemetry traces: the provider factory and `TracingSink`.
+
+One SERVER span per request (parent = the incoming W3C `traceparent`), carrying QUEUED / SCHEDULED /
+FIRST_TOKEN / FINISHED (or CANCELLED) events at the engine's own timestamps and the GenAI semantic
+convention attributes; one INTERNAL span per engine step, linked to the request spans it served.
+Everything hangs off the provider passed in (never the global one), so tests use their own.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util.types import AttributeValue
+
+from runtime.stats import RequestEvent, RequestStats, StepStats, VerificationResult
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+_OTLP_ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+
+
+def create_tracer_provider(
+    *,
+    service_name: str = "fastllm",
+    sample_ratio: float = 1.0,
+    environ: Mapping[str, str] = os.environ,
+) -> TracerProvider:
+    """Provider with `service.name` and head sampling ParentBased(TraceIdRatioBased(ratio)).
+    An OTLP/HTTP exporter is attached only when OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set; the
+    exporter itself reads the other standard OTEL_EXPORTER_OTLP_* variables (headers, timeout).
+    """
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": service_name}),
+        sampler=ParentBased(TraceIdRatioBased(sample_ratio)),
+    )
+    if any(environ.get(name) for name in _OTLP_ENDPOINT_VARS):
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    return provider
+
+
+def request_attributes(
+    *, model: str, operation: str = "text_completion", max_tokens: int | None = None
+) -> dict[str, AttributeValue]:
+    """The GenAI attributes known at admission (what the server passes to `start_request`)."""
+    attributes: dict[str, AttributeValue] = {
+        "gen_ai.operation.name": operation,
+        "gen_ai.request.model": model,
+    }
+    if max_tokens is not None:
+        attributes["gen_ai.request.max_tokens"] = max_tokens
+    return attributes
+
+
+def _ns(ts: float) -> int:
+    return int(ts * 1e9)
+
+
+@dataclass
+class _OpenSpan:
+    span: trace.Span
+    opened_at: float  # time.monotonic(), for the TTL
+
+
+class TracingSink:
+    """A `StatsSink` that turns request lives and engine steps into spans.
+
+    Spans of admitted requests stay open until their `RequestStats` arrive; at most `max_open_spans`
+    are kept and none longer than `open_span_ttl_s` (the oldest are ended, marked abandoned), so a
+    request that never finishes cannot leak memory."""
+
+    def __init__(
+        self,
+        provider: trace.TracerProvider,
+        *,
+        max_open_spans: int = 10_000,
+        open_span_ttl_s: float = 3600.0,
+        step_spans: bool = True,
+    ) -> None:
+        self._tracer = provider.get_tracer("fastllm.monitoring")
+        self.max_open_spans = max_open_spans
+        self.open_span_ttl_s = open_span_ttl_s
+        self.step_spans = step_spans
+        self._open: OrderedDict[str, _OpenSpan] = OrderedDict()
+        self._lock = threading.Lock()
+        self.num_abandoned = 0
+
+    @property
+    def num_open(self) -> int:
+        return len(self._open)
+
+    def start_request(
+        self,
+        request_id: str,
+        traceparent: str | None = None,
+        attributes: Mapping[str, AttributeValue] | None = None,
+        *,
+        start_ts: float | None = None,
+    ) -> trace.SpanContext:
+        """Open the request's SERVER span when the server admits it; returns its span context."""
+        attributes = dict(attributes or {})
+        span = self._start_span(request_id, traceparent, attributes, start_ts)
+        with self._lock:
+            previous = self._open.pop(request_id, None)
+            self._open[request_id] = _OpenSpan(span, time.monotonic())
+            expired = self._expire_locked()
+        for stale in ([previous.span] if previous else []) + expired:
+            self._abandon(stale)
+        return span.get_span_context()
+
+    def span_context(self, request_id: str) -> trace.SpanContext | None:
+        with self._lock:
+            entry = self._open.get(request_id)
+        return entry.span.get_span_context() if entry else None
+
+    def record(
+        self,
+        step: StepStats | None = None,
+        finished: Sequence[RequestStats] = (),
+        verified: Sequence[VerificationResult] = (),
+    ) -> None:
+        if step is not None and self.step_spans:
+            self._record_step(step)
+        for request in finished:
+            self._finish(request)
+
+    def close(self) -> None:
+        """End every open span (server shutdown)."""
+        with self._lock:
+            spans = [entry.span for entry in self._open.values()]
+            self._open.clear()
+        for span in spans:
+            self._abandon(span)
+
+    # --- internals ------------------------------------------------------------------------------
+    def _start_span(
+        self,
+        request_id: str,
+        traceparent: str | None,
+        attributes: MutableMapping[str, AttributeValue],
+        start_ts: float | None,
+    ) -> trace.Span:
+        # An explicit empty Context: the parent is the caller's header, not the current span.
+        carrier = {"traceparent": traceparent} if traceparent else {}
+        parent = _PROPAGATOR.extract(carrier, context=Context())
+        attributes["fastllm.request_id"] = request_id
+        operation = attributes.get("gen_ai.operation.name", "request")
+        name = f"{operation} {attributes.get('gen_ai.request.model', '')}"
+        return self._tracer.start_span(
+            name.strip(),
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes=attributes,
+            start_time=None if start_ts is None else _ns(start_ts),
+        )
+
+    def _record_step(self, step: StepStats) -> None:
+        with self._lock:
+            links = [
+                Link(self._open[rid].span.get_span_context())
+                for rid in step.request_ids
+                if rid in self._open
+            ]
+        started = step.started_ts or (step.ts - step.busy_seconds)
+        span = self._tracer.start_span(
+            "engine.step",
+            context=Context(),
+            kind=SpanKind.INTERNAL,
+            links=links,
+            start_time=_ns(started),
+            attributes={
+                "fastllm.step.id": step.step_id,
+                "fastllm.step.num_seqs": step.num_seqs,
+                "fastllm.step.num_prefill_tokens": step.num_prefill_tokens,
+                "fastllm.step.num_decode_tokens": step.num_decode_tokens,
+                "fastllm.step.busy_seconds": step.busy_seconds,
+                "fastllm.step.batch_size_limit": step.batch_size_limit,
+                "gen_ai.request.model": step.model,
+            },
+        )
+        span.end(end_time=_ns(step.ts))
+
+    def _finish(self, r: RequestStats) -> None:
+        with self._lock:
+            entry = self._open.pop(r.request_id, None)
+        if entry is not None:
+            span = entry.span
+        else:  # never admitted (e.g. failed validation): create and end it on the spot
+            attrs = request_attributes(
+                model=r.model, operation=r.operation, max_tokens=r.max_tokens
+            )
+            span = self._start_span(r.request_id, r.traceparent, attrs, r.queued_ts or None)
+        for event, ts in _events(r):
+            span.add_event(event.value, timestamp=_ns(ts))
+        span.set_attributes(
+            {
+                "gen_ai.operation.name": r.operation,
+                "gen_ai.request.model": r.model,
+                "gen_ai.request.max_tokens": r.max_tokens,
+                "gen_ai.usage.input_tokens": r.prompt_tokens,
+                "gen_ai.usage.output_tokens": r.completion_tokens,
+                "fastllm.model_version": r.version,
+                "fastllm.batch_size": r.batch_size,
+            }
+        )
+        if r.finished_reason is not None:
+            span.set_attribute("gen_ai.response.finish_reasons", (r.finished_reason,))
+        if r.failure_reason is not None:
+            span.set_attribute("error.type", r.failure_reason)
+            span.set_status(Status(StatusCode.ERROR, r.failure_reason))
+        span.end(end_time=_ns(r.finished_ts) if r.finished_ts is not None else None)
+
+    def _expire_locked(self) -> list[trace.Span]:
+        expired: list[trace.Span] = []
+        deadline = time.monotonic() - self.open_span_ttl_s
+        while self._open:
+            oldest = next(iter(self._open.values()))
+            if len(self._open) <= self.max_open_spans and oldest.opened_at >= deadline:
+                break
+            expired.append(self._open.popitem(last=False)[1].span)
+        return expired
+
+    def _abandon(self, span: trace.Span) -> None:
+        self.num_abandoned += 1
+        span.set_attribute("fastllm.abandoned", True)
+        span.set_status(Status(StatusCode.ERROR, "request never reported as finished"))
+        span.end()
+
+
+def _events(r: RequestStats) -> list[tuple[RequestEvent, float]]:
+    """The engine's event log, or (when it kept none) the events implied by the timestamps."""
+    if r.events:
+        return sorted(r.events, key=lambda event: event[1])
+    derived: list[tuple[RequestEvent, float | None]] = [
+        (RequestEvent.QUEUED, r.queued_ts or None),
+        (RequestEvent.SCHEDULED, r.scheduled_ts),
+        (RequestEvent.FIRST_TOKEN, r.first_token_ts),
+        (
+            RequestEvent.CANCELLED if r.finished_reason == "cancelled" else RequestEvent.FINISHED,
+            r.finished_ts,
+        ),
+    ]
+    return [(event, ts) for event, ts in derived if ts is not None]

@@ -1,0 +1,51 @@
+"""Tiered, view-aware, owner-attributed memory allocator (one per device).
+
+from runtime.allocator import Allocator, AllocatorConfig
+alloc = Allocator(AllocatorConfig(), device="cpu")
+block = alloc.alloc((4, 128), torch.float16, owner="req-42")
+block.tensor.zero_()            # [4, 128]
+half = block[:2]                # tracked view; released on its own
+half.release(); block.release() # memory returns to its tier once no alias is left
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from runtime.allocator.allocator import Allocator
+from runtime.allocator.block import Block, BlockView
+from runtime.allocator.config import LARGE, MEDIUM, SMALL, TIERS, AllocatorConfig
+from runtime.allocator.report import LeakEvent, LiveBlock
+
+__all__ = [
+    "LARGE",
+    "MEDIUM",
+    "SMALL",
+    "TIERS",
+    "Allocator",
+    "AllocatorConfig",
+    "Block",
+    "BlockView",
+    "LeakEvent",
+    "LiveBlock",
+    "get_allocator",
+]
+
+_per_device: dict[str, Allocator] = {}
+_registry_lock = threading.Lock()
+
+
+def get_allocator(
+    device: torch.device | str = "cpu", config: AllocatorConfig | None = None
+) -> Allocator:
+    """The process-wide allocator of `device` (created with `config` on first use)."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    with _registry_lock:
+        alloc = _per_device.get(str(dev))
+        if alloc is None:
+            alloc = _per_device[str(dev)] = Allocator(config, dev)
+        return alloc

@@ -1,0 +1,104 @@
+"""`fastllm audit`: count verified results whose production value strays from the reference
+value (the operations guide's query), per op, with the worst recent rows."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime, timedelta, timezone
+
+import click
+
+from runtime.config import load_settings
+from runtime.errors import ConfigError, StorageError
+
+_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_since(value: str) -> timedelta:
+    """Parse "90s", "15m", "1h", "7d", "2w" → timedelta."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", value)
+    if match is None:
+        raise ConfigError(f"--since {value!r}: expected a number and a unit s/m/h/d/w, e.g. 1h")
+    return timedelta(seconds=float(match.group(1)) * _UNITS_S[match.group(2)])
+
+
+@click.command("audit")
+@click.option(
+    "--threshold",
+    type=float,
+    default=None,
+    help="absolute error; default: settings.verify_threshold, else per dtype "
+    "(float32 1e-3, float16 1e-2, bfloat16 5e-2)",
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(["float32", "float16", "bfloat16"]),
+    default=None,
+    help="dtype whose default threshold applies (default: settings.dtype)",
+)
+@click.option("--since", default=None, help="only rows newer than this, e.g. 30m, 1h, 7d")
+@click.option("--op", default=None, help="only this op: logit, geglu, swiglu, rms_norm, ...")
+@click.option(
+    "--max-anomalies",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="exit 1 when more anomalies than this",
+)
+@click.option(
+    "--limit",
+    "num_worst",
+    type=click.IntRange(min=0),
+    default=10,
+    show_default=True,
+    help="worst rows to show",
+)
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of tables")
+@click.option("--database-url", default=None, help="default: settings.database_url")
+@click.pass_context
+def command(
+    ctx: click.Context,
+    threshold: float | None,
+    dtype: str | None,
+    since: str | None,
+    op: str | None,
+    max_anomalies: int,
+    num_worst: int,
+    as_json: bool,
+    database_url: str | None,
+) -> None:
+    """Audit verified results: SELECT COUNT(*) FROM inference_log WHERE ABS(output - expected) >
+    :threshold, per op, with the worst rows. Exits 1 when anomalies exceed --max-anomalies.
+
+    \b
+    Example:
+      fastllm audit --since 1h
+      fastllm audit --op geglu --threshold 0.01 --json
+    """
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from storage.audit import default_threshold, run_audit
+    from storage.db import make_engine
+
+    settings = load_settings()
+    if threshold is None:
+        threshold = settings.verify_threshold
+    if threshold is None:
+        threshold = default_threshold(dtype or settings.dtype)
+    since_ts = datetime.now(timezone.utc) - parse_since(since) if since else None
+    engine = make_engine(database_url or settings.database_url)
+    try:
+        report = run_audit(engine, threshold, since=since_ts, op=op, num_worst=num_worst)
+    except SQLAlchemyError as exc:
+        raise StorageError(f"audit failed (run `fastllm db upgrade` first?): {exc}") from exc
+    finally:
+        engine.dispose()
+    if as_json:
+        click.echo(json.dumps(report.to_json()))
+    else:
+        from runtime.cli.audit_view import print_report
+
+        print_report(report, max_anomalies)
+    if report.num_anomalies > max_anomalies:
+        ctx.exit(1)

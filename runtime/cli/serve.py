@@ -1,0 +1,70 @@
+"""`fastllm serve`: the OpenAI-compatible HTTP server on one model directory."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from runtime.config import load_settings
+from runtime.errors import ModelLoadError
+
+
+@click.command("serve")
+@click.option("--model", "model_path", type=click.Path(path_type=Path), help="checkpoint dir")
+@click.option("--host", default=None, help="bind address (default 127.0.0.1)")
+@click.option("--port", type=int, default=None, help="port (default 8000)")
+@click.option(
+    "--config", "config_file", type=click.Path(exists=True, path_type=Path), help="YAML settings"
+)
+@click.option("--api-key", "api_keys", multiple=True, help="accepted API key (repeatable)")
+@click.option("--admin-token", default=None, help="token for the /admin endpoints")
+@click.option("--log-level", default="info", show_default=True)
+def command(
+    model_path: Path | None,
+    host: str | None,
+    port: int | None,
+    config_file: Path | None,
+    api_keys: tuple[str, ...],
+    admin_token: str | None,
+    log_level: str,
+) -> None:
+    """Serve a model over the OpenAI-compatible API until SIGTERM (then drain and exit 0).
+
+    Settings: flags > FASTLLM_* environment > --config YAML > defaults.
+
+    \b
+    Example:
+      fastllm serve --model demo-models/llama-tiny --port 8000
+      curl -s localhost:8000/v1/completions -H 'Content-Type: application/json' \\
+        -d '{"model": "llama-tiny", "prompt": "Hello", "max_tokens": 8}'
+    """
+    from runtime.server import create_app, run_server
+
+    settings = load_settings(
+        config_file,
+        model_path=model_path,
+        host=host,
+        port=port,
+        api_keys=list(api_keys) or None,
+        admin_token=admin_token,
+    )
+    for path in (settings.model_path, settings.canary_model_path, settings.embedding_model_path):
+        if path is not None and not (Path(path) / "config.json").is_file():
+            raise ModelLoadError(
+                f"{path} has no config.json (build the demo with `fastllm make-demo-model {path}`)"
+            )
+    logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    app = create_app(settings)
+    click.echo(
+        f"serving {settings.served_model_name} on http://{settings.host}:{settings.port}/v1",
+        err=True,
+    )
+    rc = run_server(
+        app, host=settings.host, port=settings.port, grace_s=settings.drain_grace_s,
+        log_level=log_level,
+    )
+    if rc:
+        sys.exit(rc)

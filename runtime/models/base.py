@@ -1,0 +1,73 @@
+"""`SeqSlice` and `CausalLM`: the decoder-only model contract the engine batches over.
+
+One forward takes the new tokens of several sequences packed back to back (`input_ids [T]`) and
+one `SeqSlice` per sequence saying where its tokens are and which `SequenceKV` holds its past.
+Sequences may be at different stages (a long prefill next to one-token decodes): every linear layer
+runs once over all T tokens; attention runs per sequence on its own K/V.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from runtime.kv_cache import SequenceKV
+from runtime.models import ops
+from runtime.models.batch_plan import BatchPlan
+from runtime.models.config import ModelArgs
+from runtime.models.layers import DecoderLayer, RMSNorm
+
+
+@dataclass
+class SeqSlice:
+    start: int  # this sequence's new tokens are input_ids[start:end] of the packed batch
+    end: int
+    kv: SequenceKV  # positions of the new tokens = kv.num_tokens + arange(end - start)
+
+
+class CausalLM(nn.Module):
+    """Llama-style decoder. Subclasses set the family's knobs below."""
+
+    norm_offset = 0.0  # RMSNorm scales by (norm_offset + w)
+    mlp_act = "swiglu"  # name of the gated activation in `ops`
+    scale_embeddings = False  # multiply embeddings by sqrt(hidden) (in the model dtype)
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(args, i, self.norm_offset, self.mlp_act) for i in range(args.num_layers)
+        )
+        self.norm = RMSNorm(args.hidden_size, args.norm_eps, self.norm_offset)
+        # Tied models read the embedding matrix in compute_logits; no aliased parameter to load.
+        self.lm_head = (
+            None
+            if args.tie_word_embeddings
+            else nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        )
+
+    @torch.no_grad()
+    def forward(self, input_ids: Tensor, seqs: Sequence[SeqSlice]) -> Tensor:
+        """input_ids [T] packed -> hidden [T, hidden] (final norm applied).
+        Writes each layer's K/V at [kv.num_tokens, kv.num_tokens + n); does NOT advance."""
+        plan = BatchPlan.build(seqs, input_ids)
+        x = self.embed_tokens(input_ids)  # [T, H]
+        if self.scale_embeddings:
+            x = x * torch.tensor(self.args.hidden_size**0.5, dtype=x.dtype)
+        cos_sin = ops.rope_cos_sin(
+            plan.positions, self.args.rope_theta, self.args.head_dim, x.dtype
+        )
+        for layer in self.layers:
+            x = layer(x, plan, cos_sin)
+        return self.norm(x)
+
+    @torch.no_grad()
+    def compute_logits(self, hidden: Tensor) -> Tensor:
+        """hidden [N, H] -> logits [N, vocab] float32."""
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()

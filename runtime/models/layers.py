@@ -1,0 +1,86 @@
+"""Decoder blocks shared by the llama and gemma families.
+
+Linear layers run on the whole packed batch [T, H] at once (one matmul for all sequences); only
+attention loops over sequences, each attending to its own cached K/V plus its new tokens.
+Q/K/V and gate/up are fused into one projection each (the loader concatenates the HF tensors).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from runtime.models import ops
+from runtime.models.config import ModelArgs
+
+if TYPE_CHECKING:
+    from runtime.models.batch_plan import BatchPlan
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, offset: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(dim))
+        self.eps = eps
+        self.offset = offset  # gemma stores w and scales by (1 + w)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return ops.rms_norm(x, self.weight, self.eps, offset=self.offset)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, layer_idx: int) -> None:
+        super().__init__()
+        self.args = args
+        self.layer_idx = layer_idx
+        self.qkv_proj = nn.Linear(args.hidden_size, args.q_size + 2 * args.kv_size, args.qkv_bias)
+        self.o_proj = nn.Linear(args.q_size, args.hidden_size, bias=args.o_bias)
+
+    def forward(self, x: Tensor, plan: BatchPlan, cos_sin: tuple[Tensor, Tensor]) -> Tensor:
+        """x [T, H] packed -> [T, H]. Stores the new tokens' K/V in each sequence's cache."""
+        a, layer = self.args, self.layer_idx
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([a.q_size, a.kv_size, a.kv_size], dim=-1)
+        q = q.view(num_tokens, a.num_heads, a.head_dim)
+        k = k.view(num_tokens, a.num_kv_heads, a.head_dim)
+        v = v.view(num_tokens, a.num_kv_heads, a.head_dim)
+        q, k = ops.apply_rotary(q, k, plan.positions, a.rope_theta, a.head_dim, cos_sin=cos_sin)
+        new_kv = torch.stack((k, v)).permute(0, 2, 1, 3)  # [2, num_kv_heads, T, head_dim]
+        torch._foreach_copy_(plan.writes[layer], new_kv.split(plan.lengths, dim=2))
+        queries = q.transpose(0, 1).split(plan.lengths, dim=1)  # each [num_heads, n, head_dim]
+        outs = [
+            ops.attention(q_seq, k_seq, v_seq, causal_offset=past)
+            for q_seq, k_seq, v_seq, past in zip(
+                queries, plan.keys[layer], plan.values[layer], plan.pasts, strict=True
+            )
+        ]
+        out = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]  # [num_heads, T, head_dim]
+        return self.o_proj(out.transpose(0, 1).reshape(num_tokens, a.q_size))
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, args: ModelArgs, act: str) -> None:
+        super().__init__()
+        self.act = act  # name of the ops function: "swiglu" | "geglu"
+        self.inter = args.intermediate_size
+        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * self.inter, bias=args.mlp_bias)
+        self.down_proj = nn.Linear(self.inter, args.hidden_size, bias=args.mlp_bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.gate_up_proj(x).split([self.inter, self.inter], dim=-1)
+        return self.down_proj(getattr(ops, self.act)(gate, up))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: ModelArgs, layer_idx: int, norm_offset: float, act: str) -> None:
+        super().__init__()
+        self.input_norm = RMSNorm(args.hidden_size, args.norm_eps, norm_offset)
+        self.attn = Attention(args, layer_idx)
+        self.post_attn_norm = RMSNorm(args.hidden_size, args.norm_eps, norm_offset)
+        self.mlp = GatedMLP(args, act)
+
+    def forward(self, x: Tensor, plan: BatchPlan, cos_sin: tuple[Tensor, Tensor]) -> Tensor:
+        h = x + self.attn(self.input_norm(x), plan, cos_sin)
+        return h + self.mlp(self.post_attn_norm(h))

@@ -1,0 +1,148 @@
+"""`load_model`: a HuggingFace-layout directory -> a ready `LoadedModel`.
+
+The model is built on the `meta` device (no memory, no init), checkpoint tensors are checked against
+the architecture's weight table (names and shapes, before any data is read), converted to the
+requested dtype/device one by one, and installed with `load_state_dict(assign=True)`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+from runtime.errors import ConfigError, ModelLoadError
+from runtime.models.base import CausalLM
+from runtime.models.bert import BertEncoder
+from runtime.models.checkpoint import TensorSource, open_checkpoint
+from runtime.models.config import ModelArgs
+from runtime.models.gemma import GemmaForCausalLM
+from runtime.models.llama import LlamaForCausalLM
+from runtime.models.weights import is_ignored, weight_table
+
+if TYPE_CHECKING:
+    from runtime.models.tokenizer import Tokenizer
+
+MODEL_CLASSES: dict[str, type[nn.Module]] = {
+    "llama": LlamaForCausalLM,
+    "gemma": GemmaForCausalLM,
+    "bert": BertEncoder,
+}
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module  # CausalLM or BertEncoder, eval mode, no grads
+    args: ModelArgs
+    tokenizer: Tokenizer | None  # None only when loaded with load_tokenizer=False
+    device: torch.device
+    dtype: torch.dtype
+    path: Path
+    is_legacy: bool = False  # loaded from pytorch_model.bin under legacy_support
+    metadata: dict[str, str] = field(default_factory=dict)  # safetensors metadata (e.g. geglu fix)
+
+    @property
+    def is_causal_lm(self) -> bool:
+        return isinstance(self.model, CausalLM)
+
+
+def load_model(
+    path: str | Path,
+    *,
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device = "auto",
+    legacy_support: bool = False,
+    load_tokenizer: bool = True,
+) -> LoadedModel:
+    path = Path(path)
+    if not path.is_dir():
+        raise ModelLoadError(f"model directory {path} does not exist")
+    args = read_args(path)
+    torch_dtype = resolve_dtype(dtype)
+    torch_device = resolve_device(device)
+    source = open_checkpoint(path, legacy_support=legacy_support)
+    state = read_state(args, source, torch_dtype, torch_device)
+    with torch.device("meta"):
+        model = MODEL_CLASSES[args.arch](args)
+    model.load_state_dict(state, strict=True, assign=True)
+    model.eval().requires_grad_(False)
+    tokenizer = None
+    if load_tokenizer:
+        from runtime.models.tokenizer import Tokenizer  # lazy: heavy, and optional in tests
+
+        tokenizer = Tokenizer.from_dir(path)
+    return LoadedModel(
+        model, args, tokenizer, torch_device, torch_dtype, path, source.is_legacy, source.metadata
+    )
+
+
+def read_args(path: Path) -> ModelArgs:
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise ModelLoadError(f"{config_path} not found (not a HuggingFace model directory?)")
+    try:
+        cfg: Any = json.loads(config_path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"{config_path} is not valid JSON: {exc}") from exc
+    return ModelArgs.from_hf_config(cfg)
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        if dtype in DTYPES.values():
+            return dtype
+    elif dtype in DTYPES:
+        return DTYPES[dtype]
+    raise ConfigError(
+        f"unsupported dtype {dtype!r}; use float32, bfloat16 or float16", param="dtype"
+    )
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def read_state(
+    args: ModelArgs, source: TensorSource, dtype: torch.dtype, device: torch.device
+) -> dict[str, Tensor]:
+    table = weight_table(args)
+    present = set(source.names())
+    missing = [e.hf_name for e in table if e.hf_name not in present]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ModelLoadError(f"checkpoint is missing tensor {missing[0]!r}{more}")
+    known = {e.hf_name for e in table}
+    unexpected = sorted(n for n in present - known if not is_ignored(args, n))
+    if unexpected:
+        more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
+        raise ModelLoadError(
+            f"checkpoint has unexpected tensor {unexpected[0]!r}{more} for {args.architecture}"
+        )
+    for entry in table:
+        shape = source.shape(entry.hf_name)
+        if shape != entry.shape:
+            raise ModelLoadError(
+                f"tensor {entry.hf_name!r} has shape {list(shape)}, config.json implies "
+                f"{list(entry.shape)}"
+            )
+    parts: dict[str, list[Tensor]] = {}
+    for entry in table:  # fused targets collect their parts in table order
+        tensor = source.get(entry.hf_name).to(device=device, dtype=dtype)
+        parts.setdefault(entry.target, []).append(tensor)
+    return {
+        name: (ts[0] if len(ts) == 1 else torch.cat(ts)).contiguous() for name, ts in parts.items()
+    }

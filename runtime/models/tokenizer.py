@@ -1,0 +1,160 @@
+"""Tokenizer: a thin wrapper over `tokenizers.Tokenizer` (tokenizer.json) plus the bits of
+tokenizer_config.json the runtime needs: bos/eos/pad tokens and the chat template.
+
+Padding and truncation settings stored in tokenizer.json are switched off on load: some
+checkpoints (sentence-transformers) ship `padding: Fixed 128`, which would silently change
+what `encode` returns. The runtime pads and checks lengths itself.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import tokenizers
+
+from runtime.errors import ModelLoadError
+from runtime.models.chat_template import render_chat_template
+
+__all__ = ["IncrementalDecoder", "Tokenizer"]
+
+
+def _token_content(value: Any) -> str | None:
+    """tokenizer_config.json spells a special token as "<s>" or {"content": "<s>", ...}."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path}: expected a JSON object")
+    return data
+
+
+class Tokenizer:
+    def __init__(
+        self,
+        backend: tokenizers.Tokenizer,
+        config: dict[str, Any] | None = None,
+        *,
+        extra_eos_token_ids: Sequence[int] = (),
+        chat_template: str | None = None,
+    ) -> None:
+        self.backend = backend
+        backend.no_padding()
+        backend.no_truncation()
+        config = config or {}
+        self.bos_token = _token_content(config.get("bos_token")) or _token_content(
+            config.get("cls_token")
+        )
+        self.eos_token = _token_content(config.get("eos_token")) or _token_content(
+            config.get("sep_token")
+        )
+        self.pad_token = _token_content(config.get("pad_token"))
+        self.bos_token_id = self._id_of(self.bos_token)
+        self.pad_token_id = self._id_of(self.pad_token)
+        eos_ids = [self._id_of(self.eos_token), *extra_eos_token_ids]
+        self.eos_token_ids: tuple[int, ...] = tuple(
+            dict.fromkeys(i for i in eos_ids if i is not None)
+        )
+        template = chat_template or config.get("chat_template")
+        if isinstance(template, list):  # [{"name": "default", "template": "..."}, ...]
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = named.get("default") or next(iter(named.values()), None)
+        self.chat_template: str | None = template if isinstance(template, str) else None
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> Tokenizer:
+        path = Path(path)
+        tok_file = path / "tokenizer.json"
+        if not tok_file.is_file():
+            raise ModelLoadError(f"{path}: no tokenizer.json")
+        try:
+            backend = tokenizers.Tokenizer.from_file(str(tok_file))
+        except Exception as exc:  # the Rust side raises a bare Exception on bad files
+            raise ModelLoadError(f"{tok_file}: cannot load tokenizer ({exc})") from exc
+        config = _read_json(path / "tokenizer_config.json")
+        # generation_config.json may list extra stop ids (e.g. Llama 3 <|eot_id|>)
+        gen_eos = _read_json(path / "generation_config.json").get("eos_token_id")
+        extra = (
+            gen_eos if isinstance(gen_eos, list) else [gen_eos] if isinstance(gen_eos, int) else []
+        )
+        template_file = path / "chat_template.jinja"  # newer transformers save it beside the config
+        template = template_file.read_text(encoding="utf-8") if template_file.is_file() else None
+        return cls(backend, config, extra_eos_token_ids=extra, chat_template=template)
+
+    def _id_of(self, token: str | None) -> int | None:
+        return None if token is None else self.backend.token_to_id(token)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.backend.get_vocab_size(with_added_tokens=True))
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        ids: list[int] = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        # a rendered chat template already starts with bos; the post-processor would add another
+        bos = self.bos_token_id
+        if add_special_tokens and bos is not None and ids[:2] == [bos, bos]:
+            ids = ids[1:]
+        return ids
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        text: str = self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        return text
+
+    def apply_chat_template(
+        self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True
+    ) -> str:
+        """Render messages with the tokenizer's own template, or the built-in one
+        (see runtime.models.chat_template.DEFAULT_CHAT_TEMPLATE)."""
+        return render_chat_template(
+            self.chat_template,
+            messages,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
+            add_generation_prompt=add_generation_prompt,
+        )
+
+
+class IncrementalDecoder:
+    """Turns a token stream into text deltas. A delta never ends in half a UTF-8 character:
+    while the decoded tail is U+FFFD (an incomplete byte sequence) the text is held back.
+
+    It decodes a short window `ids[prefix_offset:]` and emits what it adds beyond
+    `ids[prefix_offset:read_offset]`, so tokenizers whose decoding depends on the previous
+    token (SentencePiece leading spaces) stream the same text as a full decode.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int] = ()) -> None:
+        self.tokenizer = tokenizer
+        # a few prompt tokens of context; the decoded prompt itself is never emitted
+        self.ids: list[int] = list(prompt_ids[-4:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        return self._delta(final=False)
+
+    def flush(self) -> str:
+        """Whatever is still held back (an incomplete character decodes as U+FFFD)."""
+        return self._delta(final=True)
+
+    def _delta(self, *, final: bool) -> str:
+        decode = self.tokenizer.decode
+        prefix_text = decode(self.ids[self.prefix_offset : self.read_offset])
+        new_text = decode(self.ids[self.prefix_offset :])
+        if len(new_text) <= len(prefix_text) or (new_text.endswith("\ufffd") and not final):
+            return ""
+        self.prefix_offset = self.read_offset
+        self.read_offset = len(self.ids)
+        return new_text[len(prefix_text) :]

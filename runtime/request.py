@@ -1,0 +1,146 @@
+"""What crosses the engine boundary: a request in, a stream of token outputs back.
+
+A `RequestHandle` is filled by the engine thread and read by any consumer: a blocking iterator for
+threads, an async iterator for asyncio (wake-ups are handed to the consumer's loop with
+`call_soon_threadsafe`, so the engine thread never touches a loop directly).
+Iteration yields every `TokenOutput`, the last one with `finished_reason` or `error` set, and
+never raises; `result()` / `aresult()` join the stream and raise the error, if any.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+
+from runtime.errors import FastllmError, RequestTimeout
+from runtime.sampling import SamplingParams
+
+
+@dataclass
+class GenerationRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    model: str = ""
+    version: str = "stable"
+    operation: str = "text_completion"  # text_completion | chat (gen_ai.operation.name)
+    timeout_s: float | None = None  # None = the engine's request_timeout_s
+    traceparent: str | None = None
+    user: str | None = None
+
+
+@dataclass
+class TokenOutput:
+    """One delta of a request's stream (or, from `result()`, the whole of it)."""
+
+    request_id: str
+    token_ids: list[int]  # tokens produced since the previous output
+    text: str  # text delta (never splits a UTF-8 character; stop strings are not included)
+    finished_reason: str | None  # "stop" | "length" | "cancelled" on the last output
+    prompt_tokens: int
+    completion_tokens: int  # total so far
+    error: FastllmError | None = None  # set on the last output of a failed request
+
+    @property
+    def is_final(self) -> bool:
+        return self.finished_reason is not None or self.error is not None
+
+
+class RequestHandle:
+    def __init__(self, request_id: str, cancel: Callable[[str], bool] | None = None) -> None:
+        self.request_id = request_id
+        self._cancel = cancel
+        self._lock = threading.Condition()
+        self._outputs: deque[TokenOutput] = deque()
+        self._history: list[TokenOutput] = []  # everything pushed, for result()
+        self._done = False
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+
+    # --- producer side (engine thread) ---------------------------------------------------------
+    def push(self, output: TokenOutput) -> None:
+        with self._lock:
+            if self._done:
+                return  # e.g. a cancel raced with the last token: the first final output wins
+            self._outputs.append(output)
+            self._history.append(output)
+            self._done = output.is_final
+            self._lock.notify_all()
+            waiters = list(self._waiters)
+        for loop, event in waiters:
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody is listening
+                loop.call_soon_threadsafe(event.set)
+
+    @property
+    def finished(self) -> bool:
+        with self._lock:
+            return self._done
+
+    def cancel(self) -> bool:
+        return self._cancel(self.request_id) if self._cancel is not None else False
+
+    # --- consumer side ---------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[TokenOutput]:
+        while True:
+            with self._lock:
+                while not self._outputs:
+                    if self._done:
+                        return  # another consumer took the final output
+                    self._lock.wait()
+                output = self._outputs.popleft()
+            yield output
+            if output.is_final:
+                return
+
+    async def __aiter__(self) -> AsyncIterator[TokenOutput]:
+        event = asyncio.Event()
+        entry = (asyncio.get_running_loop(), event)
+        with self._lock:
+            self._waiters.append(entry)
+        try:
+            while True:
+                with self._lock:
+                    output = self._outputs.popleft() if self._outputs else None
+                    if output is None and self._done:
+                        return  # another consumer took the final output
+                    if output is None:
+                        event.clear()  # cleared under the lock: a push after this sets it again
+                if output is None:
+                    await event.wait()
+                    continue
+                yield output
+                if output.is_final:
+                    return
+        finally:
+            with self._lock:
+                self._waiters.remove(entry)
+
+    def result(self, timeout: float | None = None) -> TokenOutput:
+        """Block until finished; the whole completion as one output. Raises the request's error."""
+        with self._lock:
+            if not self._lock.wait_for(lambda: self._done, timeout):
+                raise RequestTimeout(f"request {self.request_id} not finished after {timeout}s")
+            return _join(self.request_id, self._history)
+
+    async def aresult(self) -> TokenOutput:
+        async for _ in self:
+            pass
+        with self._lock:
+            return _join(self.request_id, self._history)
+
+
+def _join(request_id: str, outputs: list[TokenOutput]) -> TokenOutput:
+    last = outputs[-1]
+    if last.error is not None:
+        raise last.error
+    return TokenOutput(
+        request_id=request_id,
+        token_ids=[t for o in outputs for t in o.token_ids],
+        text="".join(o.text for o in outputs),
+        finished_reason=last.finished_reason,
+        prompt_tokens=last.prompt_tokens,
+        completion_tokens=last.completion_tokens,
+    )

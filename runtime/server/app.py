@@ -1,0 +1,114 @@
+"""`create_app`: the FastAPI application of one server instance.
+
+    app = create_app(load_settings())                 # wires engines, metrics, traces, storage
+    app = create_app(settings, state=my_state)        # tests: a prebuilt ServerState (fake engines)
+
+The lifespan starts the wired parts, loads the models in the background (/health answers at once,
+/ready and /v1 say 503 until the models are in), and on the way out stops the engines and then
+the parts, flushing what they hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+
+from runtime.config import Settings, load_settings
+from runtime.server import routes_admin, routes_health, routes_openai
+from runtime.server.auth import api_key_dependencies
+from runtime.server.errors import install_error_handlers
+from runtime.server.guard import Guard
+from runtime.server.state import ServerState
+
+log = logging.getLogger("fastllm.server")
+
+
+def create_app(settings: Settings | None = None, *, state: ServerState | None = None) -> FastAPI:
+    if state is None:
+        from runtime.server.wiring import build_state
+
+        state = build_state(settings or load_settings())
+    app = FastAPI(
+        title="fastllm",
+        summary="OpenAI-compatible inference API",
+        version=_version(),
+        lifespan=_lifespan,
+    )
+    app.state.fastllm = state
+    install_error_handlers(app)
+    app.include_router(
+        routes_openai.router, dependencies=api_key_dependencies(state.settings.api_keys)
+    )
+    app.include_router(routes_admin.router)
+    app.include_router(routes_health.router)
+    app.add_middleware(Guard, state=state)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    state: ServerState = app.state.fastllm
+    for start in state.on_start:
+        start()
+    loading = asyncio.create_task(_load(state))
+    try:
+        yield
+    finally:
+        grace = 0.0 if state.drain.is_draining else min(state.settings.drain_grace_s, 5.0)
+        await asyncio.to_thread(state.shutdown_engines, grace)
+        if not loading.done():
+            loading.cancel()
+        for stop in reversed(state.on_stop):
+            try:
+                stop()
+            except Exception:  # one part failing to stop must not keep the others running
+                log.exception("stopping %r failed", stop)
+
+
+async def _load(state: ServerState) -> None:
+    """Load every engine in a worker thread (the loop keeps answering /health meanwhile)."""
+    state.is_loading = True
+    try:
+        for model, version, engine in state.router.engines():
+            await asyncio.to_thread(engine.load)
+            engine.start()
+            log.info("model %s (%s) loaded", model, version)
+    except Exception as exc:  # ModelLoadError and anything a broken checkpoint throws
+        state.load_error = f"model failed to load: {exc}"
+        log.error("%s", state.load_error)
+    finally:
+        state.is_loading = False
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema minus its 422 entries: validation errors are answered as 400 here."""
+    if app.openapi_schema is not None:
+        return app.openapi_schema
+    from fastapi.openapi.utils import get_openapi
+
+    schema = get_openapi(
+        title=app.title, version=app.version, summary=app.summary, routes=app.routes
+    )
+    for path in schema.get("paths", {}).values():
+        for operation in path.values():
+            operation.get("responses", {}).pop("422", None)
+    components = schema.get("components", {}).get("schemas", {})
+    for name in ("HTTPValidationError", "ValidationError"):
+        components.pop(name, None)
+    app.openapi_schema = schema
+    return schema
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("fastllm-stack")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"

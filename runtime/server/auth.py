@@ -1,0 +1,65 @@
+"""API keys and the admin token, both sent as `Authorization: Bearer <secret>`.
+
+API keys (settings.api_keys) guard /v1; with none configured the API is open and /openapi.json
+declares no security for it. The admin token guards /admin and is separate: with none configured
+every admin call is refused (403), a missing token is 401 and a wrong one 403.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import Depends, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from runtime.errors import AuthenticationError, PermissionDeniedError
+
+_api_bearer = HTTPBearer(auto_error=False, scheme_name="ApiKey", description="an API key")
+_admin_bearer = HTTPBearer(auto_error=False, scheme_name="AdminToken", description="admin token")
+
+
+def _matches(secret: str, candidates: Sequence[str]) -> bool:
+    # compare against every candidate (no early exit) in constant time per candidate
+    found = False
+    for candidate in candidates:
+        found |= secrets.compare_digest(secret.encode(), candidate.encode())
+    return found
+
+
+def api_key_dependencies(api_keys: Sequence[str]) -> list[Any]:
+    """Dependencies for the /v1 router: none when the API is open."""
+    keys = tuple(api_keys)
+    if not keys:
+        return []
+
+    def check_api_key(
+        request: Request,
+        credentials: HTTPAuthorizationCredentials | None = Security(_api_bearer),
+    ) -> None:
+        if credentials is None:
+            raise AuthenticationError(
+                "missing API key: send `Authorization: Bearer <key>`", code="invalid_api_key"
+            )
+        if not _matches(credentials.credentials, keys):
+            raise AuthenticationError("invalid API key", code="invalid_api_key")
+
+    return [Depends(check_api_key)]
+
+
+def require_admin(
+    request: Request,
+    credentials: HTTPAuthorizationCredentials | None = Security(_admin_bearer),
+) -> None:
+    token = request.app.state.fastllm.settings.admin_token
+    if not token:
+        raise PermissionDeniedError(
+            "admin endpoints are disabled: no admin_token is configured", code="admin_disabled"
+        )
+    if credentials is None:
+        raise AuthenticationError(
+            "missing admin token: send `Authorization: Bearer <token>`", code="missing_token"
+        )
+    if not _matches(credentials.credentials, (token,)):
+        raise PermissionDeniedError("invalid admin token", code="invalid_token")

@@ -1,0 +1,154 @@
+"""Every error leaves the server as `{"error": {"message", "type", "param", "code"}}`.
+
+Typed `FastllmError`s carry their own status; request-body validation becomes a 400 (never
+FastAPI's 422); unknown routes / methods keep their 404 / 405 in the same shape. Each failed API
+request is recorded once as a `RequestStats` with a `failure_reason`, except those the engine
+already recorded (admitted requests and its own Overloaded refusals; see runtime.engine).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+
+from runtime.errors import FastllmError, Overloaded, ServiceUnavailable
+from runtime.server.schemas import ErrorResponse
+from runtime.stats import FanOut, RequestStats
+
+_HTTP_TYPES = {404: "not_found_error", 405: "invalid_request_error"}
+
+# statuses every API route may answer besides its 200, documented in /openapi.json
+ERROR_STATUSES = {
+    400: "invalid request: bad JSON or UTF-8, wrong types, out-of-range values, prompt too long",
+    401: "missing or invalid API key",
+    404: "unknown model",
+    413: "request body larger than max_body_bytes",
+    429: "overloaded; retry after the Retry-After seconds",
+    500: "internal error",
+    503: "not ready, shutting down or the model failed to load; see Retry-After",
+    504: "the request ran past its deadline",
+}
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": text} for status, text in ERROR_STATUSES.items()
+}
+
+
+def failure_reason(status: int) -> str:
+    if status == 504:
+        return "timeout"
+    if status in (429, 503):
+        return "overloaded"
+    return "validation" if status < 500 else "internal"
+
+
+def error_payload(
+    message: str, error_type: str, *, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+def error_response(exc: FastllmError) -> JSONResponse:
+    headers = {}
+    if isinstance(exc, Overloaded | ServiceUnavailable):
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+    payload = error_payload(exc.message, exc.error_type, param=exc.param, code=exc.code)
+    return JSONResponse(payload, status_code=exc.http_status, headers=headers)
+
+
+def record_failure(
+    stats: FanOut,
+    status: int,
+    *,
+    request_id: str | None = None,
+    model: str = "",
+    operation: str = "text_completion",
+    traceparent: str | None = None,
+) -> None:
+    now = time.time()
+    stats.record(
+        finished=[
+            RequestStats(
+                request_id=request_id or f"req-{uuid.uuid4().hex}",
+                model=model,
+                queued_ts=now,
+                finished_ts=now,
+                failure_reason=failure_reason(status),
+                operation=operation,
+                traceparent=traceparent,
+            )
+        ]
+    )
+
+
+def record_request_failure(request: Request, status: int) -> None:
+    """Record a failed API request unless the engine already did (see the module doc)."""
+    if not request.url.path.startswith("/v1/") or request.method != "POST":
+        return
+    if getattr(request.state, "engine_recorded", False):
+        return
+    request.state.engine_recorded = True  # once per request
+    record_failure(
+        request.app.state.fastllm.stats,
+        status,
+        request_id=getattr(request.state, "request_id", None),
+        model=getattr(request.state, "model", ""),
+        operation=getattr(request.state, "operation", None) or _operation(request.url.path),
+        traceparent=request.headers.get("traceparent"),
+    )
+
+
+def _operation(path: str) -> str:
+    if path.endswith("/chat/completions"):
+        return "chat"
+    return "embeddings" if path.endswith("/embeddings") else "text_completion"
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request body", None
+    first = errors[0]
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    if first.get("type") == "json_invalid":
+        return f"request body is not valid JSON: {first.get('msg', '')}", None
+    where = ".".join(loc) or "body"
+    param = loc[0] if loc else None
+    return f"{where}: {first.get('msg', 'invalid value')}", param
+
+
+async def _on_fastllm_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, FastllmError)
+    record_request_failure(request, exc.http_status)
+    return error_response(exc)
+
+
+async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    message, param = _validation_message(exc)
+    body = exc.body
+    if isinstance(body, dict) and isinstance(body.get("model"), str):
+        request.state.model = body["model"]  # the metrics sink maps unserved names to "unknown"
+    record_request_failure(request, 400)
+    payload = error_payload(message, "invalid_request_error", param=param)
+    return JSONResponse(payload, status_code=400)
+
+
+async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    error_type = _HTTP_TYPES.get(exc.status_code, "invalid_request_error")
+    payload = error_payload(str(exc.detail), error_type)
+    return JSONResponse(payload, status_code=exc.status_code, headers=exc.headers)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(FastllmError, _on_fastllm_error)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(HTTPException, _on_http_error)

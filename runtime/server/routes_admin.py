@@ -1,0 +1,81 @@
+"""Operator endpoints behind the admin token: the batch policy and the memory report."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel
+
+from runtime.errors import ServiceUnavailable
+from runtime.server.auth import require_admin
+from runtime.server.errors import ErrorResponse
+from runtime.server.schemas import BatchPolicyRequest
+from runtime.server.state import get_state
+
+_ADMIN_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorResponse, "description": "invalid policy"},
+    401: {"model": ErrorResponse, "description": "missing admin token"},
+    403: {"model": ErrorResponse, "description": "wrong admin token, or admin disabled"},
+    503: {"model": ErrorResponse, "description": "the model is not loaded yet"},
+}
+router = APIRouter(
+    prefix="/admin", tags=["admin"], dependencies=[Depends(require_admin)], responses=_ADMIN_ERRORS
+)
+
+
+class BatchPolicy(BaseModel):
+    min_util: float
+    max_util: float
+    step_size: float
+    engines: list[dict[str, Any]]  # model, version, batch_size_limit
+
+
+class MemoryReport(BaseModel):
+    allocators: list[dict[str, Any]]  # one per device: tier stats and the live blocks by owner
+
+
+def _loaded_engines(request: Request) -> list[tuple[str, str, Any]]:
+    engines = list(get_state(request).router.engines())
+    if not all(engine.is_loaded for _, _, engine in engines):
+        raise ServiceUnavailable("the model is not loaded yet", retry_after_s=5.0)
+    return engines
+
+
+@router.post("/batch-policy", response_model=BatchPolicy)
+async def set_batch_policy(body: BatchPolicyRequest, request: Request) -> BatchPolicy:
+    engines = _loaded_engines(request)
+    for _, _, engine in engines:
+        engine.set_batch_policy(body.min_util, body.max_util, body.step_size)
+    return BatchPolicy(
+        min_util=body.min_util,
+        max_util=body.max_util,
+        step_size=body.step_size,
+        engines=[
+            {"model": m, "version": v, "batch_size_limit": e.batch_size_limit}
+            for m, v, e in engines
+        ],
+    )
+
+
+@router.get("/memory", response_model=MemoryReport)
+async def memory(request: Request) -> MemoryReport:
+    seen: set[str] = set()
+    allocators = []
+    for model, version, engine in _loaded_engines(request):
+        stats = engine.allocator_stats()
+        if stats.device in seen:  # engines on one device share its allocator
+            continue
+        seen.add(stats.device)
+        allocators.append(
+            {
+                "device": stats.device,
+                "used_by": f"{model}/{version}",
+                "bytes_in_use": stats.bytes_in_use,
+                "bytes_cached": stats.bytes_cached,
+                "tiers": [asdict(t) for t in stats.tiers],
+                "live_blocks": [asdict(b) for b in engine.leak_report()],
+            }
+        )
+    return MemoryReport(allocators=allocators)

@@ -1,0 +1,176 @@
+"""The OpenAI-compatible API: completions, chat completions, embeddings, models."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import struct
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from runtime.errors import InvalidRequestError
+from runtime.server import generate as gen
+from runtime.server.errors import ERROR_RESPONSES
+from runtime.server.schemas import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    EmbeddingRequest,
+    EmbeddingResponse,
+    ModelCard,
+    ModelList,
+)
+from runtime.server.state import get_state
+from runtime.server.streaming import EventStream, token_events
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+_STREAMED = {
+    200: {
+        "description": "the completion, or with `stream: true` server-sent events",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    }
+}
+COMPLETION_DEFAULT_MAX_TOKENS = 16
+CHAT_DEFAULT_MAX_TOKENS = 256
+
+
+@router.post(
+    "/completions", response_model=CompletionResponse, responses={**ERROR_RESPONSES, **_STREAMED}
+)
+async def create_completion(body: CompletionRequest, request: Request) -> Any:
+    rid = gen.begin(request, "cmpl", body.model, "text_completion")
+    route = get_state(request).router.pick(body.model, user=body.user)
+    prompt = body.single_prompt
+    ids = route.engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    max_tokens = body.max_tokens or gen.default_max_tokens(
+        route.engine, len(ids), COMPLETION_DEFAULT_MAX_TOKENS
+    )
+    params = gen.sampling_params(body, max_tokens)
+    sub = gen.submit(
+        request, route, rid, ids, params, operation="text_completion", user=body.user
+    )
+
+    def base() -> dict[str, Any]:
+        return {"id": rid, "object": "text_completion", "created": sub.created, "model": route.model}
+
+    if body.stream:
+
+        def chunk(text: str, finish_reason: str | None) -> dict[str, Any]:
+            payload = base()
+            payload["choices"] = [
+                {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
+            ]
+            return payload
+
+        usage = gen.usage_chunk_builder(base) if body.include_usage else None
+        events = token_events(sub.handle, sub.cancel, chunk, usage=usage)
+        return EventStream(events, on_close=sub.cancel)
+    out = await gen.join(request, sub)
+    payload = base()
+    payload["choices"] = [
+        {"index": 0, "text": out.text, "finish_reason": out.finished_reason, "logprobs": None}
+    ]
+    payload["usage"] = gen.usage(out.prompt_tokens, out.completion_tokens)
+    return payload
+
+
+@router.post(
+    "/chat/completions",
+    response_model=ChatCompletionResponse,
+    responses={**ERROR_RESPONSES, **_STREAMED},
+)
+async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Any:
+    rid = gen.begin(request, "chatcmpl", body.model, "chat")
+    route = get_state(request).router.pick(body.model, user=body.user)
+    tokenizer = route.engine.tokenizer
+    messages = [{"role": m.role, "content": m.content} for m in body.messages]
+    ids = tokenizer.encode(tokenizer.apply_chat_template(messages))
+    max_tokens = (
+        body.max_completion_tokens
+        or body.max_tokens
+        or gen.default_max_tokens(route.engine, len(ids), CHAT_DEFAULT_MAX_TOKENS)
+    )
+    params = gen.sampling_params(body, max_tokens)
+    sub = gen.submit(request, route, rid, ids, params, operation="chat", user=body.user)
+
+    def base() -> dict[str, Any]:
+        return {
+            "id": rid,
+            "object": "chat.completion.chunk",
+            "created": sub.created,
+            "model": route.model,
+        }
+
+    if body.stream:
+
+        def chunk(text: str, finish_reason: str | None) -> dict[str, Any]:
+            payload = base()
+            delta = {"content": text} if text else {}
+            payload["choices"] = [
+                {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+            ]
+            return payload
+
+        first = base()
+        first["choices"] = [
+            {
+                "index": 0,
+                "delta": {"role": "assistant", "content": ""},
+                "finish_reason": None,
+                "logprobs": None,
+            }
+        ]
+        usage = gen.usage_chunk_builder(base) if body.include_usage else None
+        events = token_events(sub.handle, sub.cancel, chunk, first=first, usage=usage)
+        return EventStream(events, on_close=sub.cancel)
+    out = await gen.join(request, sub)
+    payload = base()
+    payload["object"] = "chat.completion"
+    payload["choices"] = [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": out.text},
+            "finish_reason": out.finished_reason,
+            "logprobs": None,
+        }
+    ]
+    payload["usage"] = gen.usage(out.prompt_tokens, out.completion_tokens)
+    return payload
+
+
+@router.post("/embeddings", response_model=EmbeddingResponse, responses=ERROR_RESPONSES)
+async def create_embeddings(body: EmbeddingRequest, request: Request) -> Any:
+    rid = gen.begin(request, "embd", body.model, "embeddings")
+    route = get_state(request).router.pick(body.model, user=body.user)
+    texts = [body.input] if isinstance(body.input, str) else list(body.input)
+    if any(not text for text in texts):
+        raise InvalidRequestError("input strings must not be empty", param="input")
+    result = await asyncio.to_thread(route.engine.embed, texts, request_id=rid)
+    data = [
+        {"object": "embedding", "index": i, "embedding": _encode(vector, body.encoding_format)}
+        for i, vector in enumerate(result.embeddings)
+    ]
+    total = result.total_prompt_tokens
+    return {
+        "object": "list",
+        "data": data,
+        "model": route.model,
+        "usage": {"prompt_tokens": total, "completion_tokens": 0, "total_tokens": total},
+    }
+
+
+def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
+    if encoding_format == "base64":  # what the openai client asks for by default
+        return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+    return vector
+
+
+@router.get("/models", response_model=ModelList, responses=ERROR_RESPONSES)
+async def list_models(request: Request) -> Response | ModelList:
+    state = get_state(request)
+    cards = [ModelCard(id=name, created=state.created) for name in state.router.model_names]
+    return ModelList(data=cards)

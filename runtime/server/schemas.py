@@ -1,0 +1,172 @@
+"""OpenAI-compatible request and response bodies (the subset this server speaks).
+
+Requests are strict (`"5"` is not an integer) and ignore unknown fields, as OpenAI-compatible
+servers do, so clients that send extra parameters keep working. These models are also what
+/openapi.json documents, so schemathesis generates cases from exactly these rules.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Bounds a client may send; the engine and the model's context bound them further (as 400s).
+MAX_STOP = 4
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+class _Sampling(_Request):
+    model: str = Field(min_length=1, max_length=256)
+    max_tokens: int | None = Field(None, ge=1, description="default: 16 (completions), 256 (chat)")
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    n: int = Field(1, ge=1, le=1, description="only 1 is supported")
+    stop: Annotated[str, Field(min_length=1)] | list[Annotated[str, Field(min_length=1)]] | None = (
+        Field(None, max_length=MAX_STOP)
+    )
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = Field(None, max_length=256)
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(_Sampling):
+    # a string, token ids, or a one-element batch of either (n=1, one prompt per request)
+    prompt: (
+        str
+        | list[TokenId]
+        | Annotated[list[str], Field(min_length=1, max_length=1)]
+        | Annotated[list[list[TokenId]], Field(min_length=1, max_length=1)]
+    )
+
+    @property
+    def single_prompt(self) -> str | list[int]:
+        p = self.prompt
+        if isinstance(p, list) and p and isinstance(p[0], str | list):
+            return p[0]  # type: ignore[return-value]
+        return p  # type: ignore[return-value]
+
+
+class ChatMessage(_Request):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
+    max_completion_tokens: int | None = Field(None, ge=1, description="alias of max_tokens")
+
+
+class EmbeddingRequest(_Request):
+    model: str = Field(min_length=1, max_length=256)
+    input: str | Annotated[list[str], Field(min_length=1, max_length=256)]
+    encoding_format: Literal["float", "base64"] = "float"
+    user: str | None = Field(None, max_length=256)
+
+
+class BatchPolicyRequest(_Request):
+    min_util: float = Field(ge=0.0, le=1.0)
+    max_util: float = Field(ge=0.0, le=1.0)
+    step_size: float = Field(gt=0.0, le=1.0)
+
+
+# --- responses ------------------------------------------------------------------------------------
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int = 0
+    total_tokens: int
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: Literal["stop", "length"] | None = None
+    logprobs: None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: Literal["stop", "length"] | None = None
+    logprobs: None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    system_fingerprint: str | None = None
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str  # str: base64 of little-endian float32
+
+
+class EmbeddingResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: Usage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "fastllm"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody

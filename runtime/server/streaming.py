@@ -1,0 +1,91 @@
+"""Server-sent events for streamed completions: `data: {json}` per delta, then `data: [DONE]`.
+
+An error after the stream started can no longer change the status code, so it is sent as
+`data: {"error": {...}}` and the stream ends. A client that goes away cancels its request at once:
+`EventStream` watches for `http.disconnect` while it streams (also before the first token, when
+no write would notice), and the generator's `finally` cancels the engine request, which frees
+its KV space.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anyio
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from runtime.errors import FastllmError, RequestCancelled
+from runtime.request import RequestHandle
+from runtime.server.errors import error_payload
+
+# builds one chunk's JSON object from (text delta, finish_reason)
+ChunkBuilder = Callable[[str, str | None], dict[str, Any]]
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+class EventStream(StreamingResponse):
+    media_type = "text/event-stream"
+
+    def __init__(
+        self, content: AsyncIterator[bytes], on_close: Callable[[], object] | None = None
+    ) -> None:
+        super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.on_close = on_close  # runs however the response ends (even before the first chunk)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # Always race the stream against the disconnect (starlette only does this for old ASGI
+        # servers; with newer ones a disconnect is noticed only when a write fails).
+        try:
+            async with anyio.create_task_group() as group:
+
+                async def stream() -> None:
+                    await self.stream_response(send)
+                    group.cancel_scope.cancel()
+
+                group.start_soon(stream)
+                await self.listen_for_disconnect(receive)
+                group.cancel_scope.cancel()
+        finally:
+            if self.on_close is not None:
+                self.on_close()
+
+
+async def token_events(
+    handle: RequestHandle,
+    cancel: Callable[[], object],
+    chunk: ChunkBuilder,
+    *,
+    first: dict[str, Any] | None = None,
+    usage: Callable[[int, int], dict[str, Any]] | None = None,
+) -> AsyncIterator[bytes]:
+    """SSE bytes for one request's outputs. `first`: an opening chunk (chat's role delta);
+    `usage`: builds the final usage-only chunk (stream_options.include_usage)."""
+    prompt_tokens = completion_tokens = 0
+    try:
+        if first is not None:
+            yield sse(first)
+        async for out in handle:
+            prompt_tokens, completion_tokens = out.prompt_tokens, out.completion_tokens
+            error: FastllmError | None = out.error
+            if error is None and out.finished_reason == "cancelled":
+                error = RequestCancelled("the request was cancelled")
+            if error is not None:
+                yield sse(error_payload(error.message, error.error_type, code=error.code))
+                return
+            if out.text or out.finished_reason is not None:
+                yield sse(chunk(out.text, out.finished_reason))
+        if usage is not None:
+            yield sse(usage(prompt_tokens, completion_tokens))
+        yield DONE
+    finally:
+        if not handle.finished:
+            cancel()  # the client went away mid-stream: free the request's KV now

@@ -1,0 +1,103 @@
+"""The SQL schema: `inference_log` (the audit table), `metric_samples` (series the embedded alert
+evaluator reads) and `alert_events` (its state transitions). Changes go through a migration in
+storage/migrations/versions; tests/storage/test_migrations.py checks both stay in sync.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import DateTime, Dialect, Float, Index, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC on both sides. PostgreSQL stores `timestamptz`; SQLite has no zone, so
+    values are stored as naive UTC (string order = time order) and get tzinfo=UTC back on read."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime: pass a timezone-aware (UTC) timestamp")
+        value = value.astimezone(timezone.utc)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class InferenceLog(Base):
+    """One row per request (status = finished or failure reason); a verified request's row also
+    carries op="logit" with output/expected, and each further per-op probe of that request is an
+    extra row with status="probe" and the same request_id."""
+
+    __tablename__ = "inference_log"
+    __table_args__ = (
+        Index("ix_inference_log_ts", "ts"),
+        Index("ix_inference_log_op", "op"),
+        Index("ix_inference_log_request_id", "request_id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    ts: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+    request_id: Mapped[str] = mapped_column(String(128), nullable=False)
+    model: Mapped[str] = mapped_column(String(256), nullable=False, default="")
+    version: Mapped[str] = mapped_column(String(64), nullable=False, default="")
+    # stop | length | cancelled | validation | overloaded | internal | timeout | probe
+    status: Mapped[str] = mapped_column(String(32), nullable=False)
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    latency_s: Mapped[float | None] = mapped_column(Float)
+    ttft_s: Mapped[float | None] = mapped_column(Float)
+    batch_size: Mapped[int | None] = mapped_column(Integer)
+    # verification: the probe name and both scalars; NULL when the request was not verified
+    op: Mapped[str | None] = mapped_column(String(32))
+    output: Mapped[float | None] = mapped_column(Float)
+    expected: Mapped[float | None] = mapped_column(Float)
+
+
+class MetricSample(Base):
+    """One sample of one series; `labels` is canonical JSON (sorted keys) so equal label sets
+    compare equal as text."""
+
+    __tablename__ = "metric_samples"
+    __table_args__ = (Index("ix_metric_samples_name_ts", "name", "ts"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    ts: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+    name: Mapped[str] = mapped_column(String(256), nullable=False)
+    labels: Mapped[str] = mapped_column(Text, nullable=False, default="{}")
+    value: Mapped[float] = mapped_column(Float, nullable=False)
+
+
+class AlertEvent(Base):
+    """One state transition of one alert instance (identified by `fingerprint`)."""
+
+    __tablename__ = "alert_events"
+    __table_args__ = (Index("ix_alert_events_alertname_ts", "alertname", "ts"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    ts: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+    alertname: Mapped[str] = mapped_column(String(256), nullable=False)
+    state: Mapped[str] = mapped_column(String(16), nullable=False)  # pending | firing | resolved
+    labels: Mapped[str] = mapped_column(Text, nullable=False, default="{}")
+    annotations: Mapped[str] = mapped_column(Text, nullable=False, default="{}")
+    value: Mapped[float | None] = mapped_column(Float)
+    fingerprint: Mapped[str] = mapped_column(String(64), nullable=False)
+
+
+TABLE_NAMES = ("inference_log", "metric_samples", "alert_events")

@@ -1,0 +1,182 @@
+"""The `inference_log` sink: `record()` turns stats into rows and puts them on a bounded queue
+without waiting (never blocks, never raises); a background thread drains the queue in batched
+inserts, retrying with backoff while the database is unreachable. A full queue drops rows and
+counts them (`num_dropped`, `on_drop`), so a slow or absent database never slows a request.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from sqlalchemy import Engine
+
+from runtime.stats import RequestStats, StepStats, VerificationResult
+from storage.batch import LOGIT, PROBE, REQUEST, Item
+from storage.db import make_engine
+from storage.drain import Drainer
+from storage.rows import LOGIT_OP, probe_row, request_row
+
+if TYPE_CHECKING:
+    from runtime.config import Settings
+
+log = logging.getLogger(__name__)
+
+
+class InferenceLogWriter:
+    """A StatsSink. `on_drop(n)` is called (from any thread) when n rows could not be stored,
+    e.g. to increment `fastllm_inference_log_dropped_total`."""
+
+    def __init__(
+        self,
+        engine: Engine | str,
+        *,
+        queue_size: int = 10000,
+        batch_size: int = 256,
+        on_drop: Callable[[int], None] | None = None,
+        migrate: bool = True,
+        max_backoff_s: float = 2.0,
+        orphan_timeout_s: float = 60.0,
+        autostart: bool = True,
+    ) -> None:
+        self.engine = make_engine(engine) if isinstance(engine, str) else engine
+        self.batch_size = batch_size
+        self._queue: queue.Queue[Item] = queue.Queue(maxsize=queue_size)
+        self._on_drop = on_drop
+        self._lock = threading.Lock()
+        self._settled = threading.Condition(self._lock)
+        self.num_accepted = 0  # items put on the queue
+        self.num_settled = 0  # items written or dropped by the drain thread
+        self.num_dropped = 0  # items never stored: queue full, after close, failed batches
+        self.num_flush_waiters = 0
+        self._closed = False
+        self._drainer = Drainer(
+            self, migrate=migrate, max_backoff_s=max_backoff_s, orphan_timeout_s=orphan_timeout_s
+        )
+        self._thread = threading.Thread(target=self._drainer.run, name="inference-log", daemon=True)
+        if autostart:
+            self.start()
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, *, on_drop: Callable[[int], None] | None = None
+    ) -> InferenceLogWriter:
+        """database_url, log_queue_size and log_batch_size from the one settings object."""
+        return cls(
+            settings.database_url,
+            queue_size=settings.log_queue_size,
+            batch_size=settings.log_batch_size,
+            on_drop=on_drop,
+        )
+
+    # --- the StatsSink side: never blocks, never raises -----------------------------------------
+    def record(
+        self,
+        step: StepStats | None = None,
+        finished: Sequence[RequestStats] = (),
+        verified: Sequence[VerificationResult] = (),
+    ) -> None:
+        try:
+            items = [Item(REQUEST, request_row(s)) for s in finished]
+            items += [Item(LOGIT if v.op == LOGIT_OP else PROBE, probe_row(v)) for v in verified]
+            num_lost = 0
+            for item in items:
+                with self._lock:
+                    if self._closed:
+                        num_lost += 1
+                        continue
+                    try:
+                        self._queue.put_nowait(item)
+                    except queue.Full:
+                        num_lost += 1
+                        continue
+                    self.num_accepted += 1
+            if num_lost:
+                self.count_dropped(num_lost)
+        except Exception:  # a malformed stat must never fail the request
+            log.exception("inference_log: could not queue rows")
+            self.count_dropped(len(finished) + len(verified))
+
+    def count_dropped(self, n: int) -> None:
+        with self._lock:
+            self.num_dropped += n
+        if self._on_drop is not None:
+            try:
+                self._on_drop(n)
+            except Exception:  # a metrics hook must not break the writer
+                log.exception("inference_log: on_drop hook failed")
+
+    # --- lifecycle --------------------------------------------------------------------------------
+    def start(self) -> None:
+        if not self._thread.is_alive():
+            self._thread.start()
+
+    @property
+    def num_queued(self) -> int:
+        return self._queue.qsize()
+
+    @property
+    def num_written(self) -> int:
+        return self._drainer.num_written
+
+    @property
+    def num_retries(self) -> int:
+        return self._drainer.num_retries
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every item accepted so far is written (or dropped); True if it got there."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._settled:
+            target = self.num_accepted
+            self.num_flush_waiters += 1
+            try:
+                while self.num_settled < target:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if (left is not None and left <= 0) or not self._thread.is_alive():
+                        return False
+                    self._settled.wait(0.05 if left is None else min(left, 0.05))
+            finally:
+                self.num_flush_waiters -= 1
+        return True
+
+    def close(self, timeout: float = 10.0) -> bool:
+        """Stop accepting, write what is queued (retrying until `timeout`), count the rest as
+        dropped. True when everything accepted was written."""
+        with self._lock:
+            self._closed = True
+        self._drainer.begin_close(time.monotonic() + timeout)
+        if self._thread.is_alive():
+            self._thread.join(timeout + 1.0)
+        elif self.num_queued:  # never started: nothing will drain the queue
+            self._drainer.drop_all()
+        with self._lock:
+            return self.num_settled >= self.num_accepted and self.num_dropped == 0
+
+    def settle(self, n: int) -> None:
+        """Called by the drain thread after a batch is written or dropped."""
+        with self._settled:
+            self.num_settled += n
+            self._settled.notify_all()
+
+    def take(self, block_s: float) -> list[Item]:
+        """Up to batch_size items; waits at most `block_s` for the first one."""
+        try:
+            items = [self._queue.get(timeout=block_s) if block_s > 0 else self._queue.get_nowait()]
+        except queue.Empty:
+            return []
+        while len(items) < self.batch_size:
+            try:
+                items.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return items
+
+    def __enter__(self) -> InferenceLogWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

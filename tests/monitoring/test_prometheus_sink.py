@@ -1,0 +1,132 @@
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from monitoring.metrics import FastllmMetrics
+from monitoring.prometheus_sink import BusyWindow, PrometheusSink
+from tests.monitoring import synthetic as syn
+
+BUCKETS = [0.001, 0.01, 0.1, 1.0, 10.0]
+MV = {"model": syn.MODEL, "version": syn.VERSION}
+
+
+@pytest.fixture
+def sink() -> PrometheusSink:
+    metrics = FastllmMetrics.create(CollectorRegistry(), latency_buckets_s=BUCKETS)
+    return PrometheusSink(metrics, models=[(syn.MODEL, syn.VERSION)], anomaly_threshold=0.01)
+
+
+def value(sink: PrometheusSink, name: str, **labels: str) -> float | None:
+    return sink.metrics.registry.get_sample_value(name, labels)
+
+
+def test_token_counters_equal_the_sums(sink: PrometheusSink) -> None:
+    requests = syn.random_requests(25, seed=7, t0=1000.0)
+    sink.record(finished=requests[:10])
+    sink.record(finished=requests[10:])
+    assert value(sink, "fastllm_prompt_tokens_total", **MV) == sum(
+        r.prompt_tokens for r in requests
+    )
+    assert value(sink, "fastllm_generation_tokens_total", **MV) == sum(
+        r.completion_tokens for r in requests
+    )
+    for reason in ("stop", "length", "cancelled"):
+        expected = sum(r.finished_reason == reason for r in requests)
+        assert (
+            value(sink, "fastllm_request_success_total", **MV, finished_reason=reason) == expected
+        )
+    assert value(sink, "fastllm_e2e_request_latency_seconds_count", **MV) == len(requests)
+    assert value(sink, "fastllm_e2e_request_latency_seconds_sum", **MV) == pytest.approx(
+        sum(r.e2e_seconds or 0.0 for r in requests)
+    )
+    # TTFT of every synthetic request is 0.05 s: all land in the 0.1 bucket, none in 0.01
+    assert value(sink, "fastllm_time_to_first_token_seconds_bucket", **MV, le="0.01") == 0
+    assert value(sink, "fastllm_time_to_first_token_seconds_bucket", **MV, le="0.1") == 25
+
+
+def test_validation_failure_counts_without_latency(sink: PrometheusSink) -> None:
+    assert value(sink, "fastllm_request_failure_total", **MV, reason="validation") == 0
+    sink.record(finished=[syn.rejected_request("bad-1", ts=5.0)])
+    sink.record(finished=[syn.rejected_request("bad-2", "timeout", ts=6.0)])
+    assert value(sink, "fastllm_request_failure_total", **MV, reason="validation") == 1
+    assert value(sink, "fastllm_request_failure_total", **MV, reason="timeout") == 1
+    # the rejected request never entered the engine; the timed-out one did
+    assert value(sink, "fastllm_e2e_request_latency_seconds_count", **MV) == 1
+
+
+def test_unknown_model_does_not_grow_labels(sink: PrometheusSink) -> None:
+    bad = syn.rejected_request("bad", ts=1.0)
+    bad.model = "attacker-chosen-name"
+    sink.record(finished=[bad])
+    labels = {"model": "unknown", "version": "unknown", "reason": "validation"}
+    assert value(sink, "fastllm_request_failure_total", **labels) == 1
+
+
+def test_step_maps_scheduler_state_and_allocator_deltas(sink: PrometheusSink) -> None:
+    sink.record(step=syn.step(1, ts=100.0, num_seqs=3, allocator=syn.allocator_stats(2)))
+    sink.record(step=syn.step(2, ts=101.0, num_seqs=5, allocator=syn.allocator_stats(7)))
+    assert value(sink, "fastllm_batch_size_count", **MV) == 2
+    assert value(sink, "fastllm_batch_size_sum", **MV) == 8
+    assert value(sink, "fastllm_batch_size_limit", **MV) == 16
+    assert value(sink, "fastllm_num_requests_waiting", **MV) == 3
+    assert value(sink, "fastllm_num_requests_running", **MV) == 5
+    # cumulative TierStats -> counters equal the last cumulative value
+    assert value(sink, "fastllm_allocator_events_total", tier="small", event="hit") == 21
+    assert value(sink, "fastllm_allocator_events_total", tier="large", event="evict") == 3
+    assert value(sink, "fastllm_allocator_bytes", tier="medium", state="in_use") == 1024 * 7 * 2
+    # a second device adds to the gauges, and its counters start from zero
+    sink.record(step=syn.step(3, ts=102.0, allocator=syn.allocator_stats(1, device="cuda:1")))
+    assert value(sink, "fastllm_allocator_bytes", tier="small", state="cached") == 512 * 8
+    assert value(sink, "fastllm_allocator_events_total", tier="small", event="miss") == 8
+
+
+def test_anomalies_beyond_threshold_including_nan(sink: PrometheusSink) -> None:
+    sink.record(
+        verified=[
+            syn.verification("geglu", 0.5, ts=1.0),
+            syn.verification("geglu", 0.001, ts=1.0),
+            syn.verification("attention", math.nan, ts=1.0),
+        ]
+    )
+    assert value(sink, "fastllm_operator_anomalies_total", **MV, op="geglu") == 1
+    assert value(sink, "fastllm_operator_anomalies_total", **MV, op="attention") == 1
+    assert value(sink, "fastllm_operator_anomalies_total", **MV, op="rms_norm") == 0
+
+
+def test_steals_and_dropped_rows(sink: PrometheusSink) -> None:
+    sink.record_steals()
+    sink.record_steals(4)
+    sink.on_log_dropped(3)
+    assert value(sink, "fastllm_scheduler_steals_total") == 5
+    pool_steals = [2]  # cumulative, as PoolStats.num_steals
+    sink.set_steals_source(lambda: pool_steals[0])
+    sink.record(step=syn.step(1, ts=1.0))
+    pool_steals[0] = 6
+    sink.record(step=syn.step(2, ts=2.0))
+    sink.record(step=syn.step(3, ts=3.0))
+    assert value(sink, "fastllm_scheduler_steals_total") == 5 + 6
+    assert value(sink, "fastllm_inference_log_dropped_total") == 3
+
+
+def test_busy_window_and_external_utilization(sink: PrometheusSink) -> None:
+    window = BusyWindow(window_s=10.0)
+    now = time.time()
+    for k in range(6):  # 1 s busy every 2 s; the first step ended 11 s ago, outside the window
+        window.add(syn.step(k, ts=now - 11 + 2 * k, busy_seconds=1.0))
+    assert window.fraction(now) == pytest.approx(5.0 / 10.0)
+    assert window.fraction(now + 100) == 0.0  # idle: every step has left the window
+    sink.set_utilization_source(lambda: 0.75, "cuda:0")
+    assert value(sink, "fastllm_device_utilization_ratio", device="cuda:0") == 0.75
+    assert value(sink, "fastllm_device_utilization_ratio", device="cpu") is None
+
+
+def test_allocator_source_fills_steps_without_allocator_stats(sink: PrometheusSink) -> None:
+    sink.set_allocator_source(lambda: syn.allocator_stats(3))
+    sink.record(step=syn.step(1, ts=1.0))
+    assert value(sink, "fastllm_allocator_events_total", tier="medium", event="release") == 6
+    sink.record(step=syn.step(2, ts=2.0, allocator=syn.allocator_stats(5)))  # the step's own wins
+    assert value(sink, "fastllm_allocator_events_total", tier="medium", event="release") == 10

@@ -1,0 +1,145 @@
+"""Raw HTTP edge cases: oversized and malformed bodies, readiness, admin token, overload."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from runtime.engine import Engine, EngineConfig
+from runtime.models.loader import LoadedModel, load_model
+from runtime.stats import FanOut
+from tests.runtime.engine_support import ModelHooks
+from tests.runtime.server.live import (
+    ADMIN_TOKEN,
+    API_KEY,
+    LiveServer,
+    light_settings,
+    live_server,
+    router_of,
+)
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+JSON = {**AUTH, "Content-Type": "application/json"}
+
+
+def test_oversized_body_is_413_with_and_without_content_length(served: LiveServer) -> None:
+    limit = served.state.settings.max_body_bytes
+    big = b'{"model": "llama", "prompt": "' + b"a" * limit + b'"}'
+    declared = httpx.post(f"{served.url}/v1/completions", content=big, headers=JSON)
+    assert declared.status_code == 413
+    assert declared.json()["error"]["type"] == "invalid_request_error"
+
+    def chunked() -> Iterator[bytes]:  # a generator body: sent chunked, no Content-Length
+        for i in range(0, len(big), 65536):
+            yield big[i : i + 65536]
+
+    streamed = httpx.post(f"{served.url}/v1/completions", content=chunked(), headers=JSON)
+    assert streamed.status_code == 413
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        (b'{"model": "llama", "prompt": "\xff\xfe"}', "UTF-8"),
+        (b'{"model": "llama", "prompt": ', "JSON"),
+        (b'{"model": "llama", "prompt": "x", "max_tokens": "5"}', "max_tokens"),
+        (b'{"model": 7, "prompt": "x"}', "model"),
+        (b"[1, 2]", "body"),
+    ],
+)
+def test_malformed_bodies_are_400(served: LiveServer, body: bytes, needle: str) -> None:
+    response = httpx.post(f"{served.url}/v1/completions", content=body, headers=JSON)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and needle in error["message"]
+
+
+def test_admin_token(served: LiveServer) -> None:
+    url = f"{served.url}/admin/memory"
+    assert httpx.get(url).status_code == 401
+    assert httpx.get(url, headers={"Authorization": "Bearer wrong"}).status_code == 403
+    assert httpx.get(url, headers=AUTH).status_code == 403  # an API key is not the admin token
+    ok = httpx.get(url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert ok.status_code == 200 and ok.json()["allocators"][0]["device"] == "cpu"
+    policy = httpx.post(
+        f"{served.url}/admin/batch-policy",
+        json={"min_util": 0.5, "max_util": 0.85, "step_size": 0.15},
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+    )
+    assert policy.status_code == 200
+    controller_config = served.state.router.pick("llama").engine._parts.controller.stats().config
+    assert (controller_config.min_util, controller_config.max_util) == (0.5, 0.85)
+    assert controller_config.step_up == controller_config.step_down == 0.15
+    bad = httpx.post(
+        f"{served.url}/admin/batch-policy",
+        json={"min_util": 0.9, "max_util": 0.5, "step_size": 0.1},
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+    )
+    assert bad.status_code == 400
+
+
+def test_admin_refused_when_no_token_is_configured(demo_model_dir: Callable[[str], Path]) -> None:
+    path = demo_model_dir("llama")
+    make = router_of(llama=lambda sink: Engine(EngineConfig(model_path=path, device="cpu"), sink))
+    with live_server(light_settings(admin_token=None, api_keys=[]), make) as server:
+        response = httpx.get(f"{server.url}/admin/memory", headers={"Authorization": "Bearer x"})
+        assert response.status_code == 403
+        assert response.json()["error"]["code"] == "admin_disabled"
+        assert httpx.get(f"{server.url}/v1/models").status_code == 200  # no keys: open API
+
+
+def test_503_until_the_model_is_loaded(demo_model_dir: Callable[[str], Path]) -> None:
+    path = demo_model_dir("llama")
+    gate = threading.Event()
+
+    def slow_loader() -> LoadedModel:
+        gate.wait(60)
+        return load_model(path, device="cpu")
+
+    def make_engine(sink: FanOut) -> Engine:
+        return Engine(EngineConfig(model_path=path, device="cpu"), sink, loader=slow_loader)
+
+    body = {"model": "llama", "prompt": "hi", "max_tokens": 2}
+    with live_server(light_settings(), router_of(llama=make_engine), wait_ready=False) as server:
+        assert httpx.get(f"{server.url}/health").status_code == 200
+        ready = httpx.get(f"{server.url}/ready")
+        assert ready.status_code == 503 and ready.json()["status"] == "loading"
+        refused = httpx.post(f"{server.url}/v1/completions", json=body, headers=AUTH)
+        assert refused.status_code == 503 and int(refused.headers["Retry-After"]) >= 1
+        assert refused.json()["error"]["type"] == "service_unavailable"
+        gate.set()
+        server.wait_ready()
+        assert httpx.post(f"{server.url}/v1/completions", json=body, headers=AUTH).is_success
+
+
+def test_overload_is_429_rate_limit_error(demo_model_dir: Callable[[str], Path]) -> None:
+    loaded = load_model(demo_model_dir("llama"), device="cpu")
+    hooks = ModelHooks(loaded)
+    config = EngineConfig(model_name="llama", device="cpu", max_queued_requests=1)
+    make = router_of(llama=lambda sink: Engine(config, sink, loader=lambda: loaded))
+    with live_server(light_settings(), make) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0)
+        engine = server.state.router.pick("llama").engine
+        hooks.hold()
+        with ThreadPoolExecutor(2) as pool:
+            running = pool.submit(client.completions.create, model="llama", prompt="a",
+                                  max_tokens=2)
+            assert hooks.entered.wait(30)
+            queued = pool.submit(client.completions.create, model="llama", prompt="b",
+                                 max_tokens=2)
+            while engine.num_waiting < 1:
+                assert not queued.done(), queued.exception()
+                threading.Event().wait(0.01)
+            with pytest.raises(openai.RateLimitError) as refused:
+                client.completions.create(model="llama", prompt="c", max_tokens=2)
+            assert int(refused.value.response.headers["Retry-After"]) >= 1
+            hooks.release()
+            assert running.result(30).usage.completion_tokens == 2
+            assert queued.result(30).usage.completion_tokens == 2

@@ -1,0 +1,92 @@
+"""`fastllm serve` in a subprocess: SIGTERM drains in-flight streams, refuses new work, exits 0."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+NUM_IN_FLIGHT = 3
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _fastllm() -> list[str]:
+    script = Path(sys.executable).with_name("fastllm")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "runtime"]
+
+
+def _stream(url: str, started: threading.Barrier) -> tuple[int, list[str]]:
+    body = {"model": "llama-tiny", "prompt": "once upon a time", "max_tokens": 60,
+            "stream": True}
+    lines: list[str] = []
+    with httpx.stream("POST", url, json=body, timeout=120) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                lines.append(line)
+                if len(lines) == 1:
+                    started.wait(60)
+    return response.status_code, lines
+
+
+def test_sigterm_drains_then_exits_zero(
+    demo_model_dir: Callable[[str], Path], tmp_path: Path
+) -> None:
+    model = tmp_path / "llama-tiny"
+    model.symlink_to(demo_model_dir("llama"), target_is_directory=True)
+    port = _free_port()
+    env = {**os.environ, "FASTLLM_STORAGE_ENABLED": "false", "FASTLLM_ALERTS_ENABLED": "false",
+           "FASTLLM_DEVICE": "cpu", "FASTLLM_DRAIN_GRACE_S": "120"}
+    proc = subprocess.Popen(
+        [*_fastllm(), "serve", "--model", str(model), "--port", str(port)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            assert time.monotonic() < deadline, "server never became ready"
+            try:
+                if httpx.get(f"{base}/ready").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+
+        started = threading.Barrier(NUM_IN_FLIGHT + 1)
+        with ThreadPoolExecutor(NUM_IN_FLIGHT) as pool:
+            streams = [pool.submit(_stream, f"{base}/v1/completions", started)
+                       for _ in range(NUM_IN_FLIGHT)]
+            started.wait(60)  # every stream has its first token: all are in flight
+            proc.send_signal(signal.SIGTERM)
+            while httpx.get(f"{base}/ready").status_code != 503:
+                time.sleep(0.01)
+            refused = httpx.post(f"{base}/v1/completions",
+                                 json={"model": "llama-tiny", "prompt": "x", "max_tokens": 2})
+            assert refused.status_code == 503 and "Retry-After" in refused.headers
+            results = [stream.result(120) for stream in streams]
+        for status, lines in results:
+            assert status == 200
+            assert lines[-1] == "data: [DONE]"
+            assert '"finish_reason":"length"' in lines[-2]  # ran to max_tokens, not cut off
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
