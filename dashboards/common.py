@@ -33,7 +33,7 @@ TAG = "fastllm"
 PROMETHEUS: dict[str, str] = {"type": "prometheus", "uid": "prometheus"}
 POSTGRES: dict[str, str] = {"type": "postgres", "uid": "postgres"}
 JAEGER: dict[str, str] = {"type": "jaeger", "uid": "jaeger"}
-GRAFANA: dict[str, str] = {"type": "grafana", "uid": "grafana"}  # built-in (text panels)
+GRAFANA: dict[str, str] = {"type": "datasource", "uid": "grafana"}  # built-in (text panels)
 
 # Label selectors. Per-model metrics carry model/version; every scraped series carries instance.
 MODEL_SEL = 'model=~"$model", version=~"$version", instance=~"$instance"'

@@ -32,6 +32,13 @@ class Settings(BaseSettings):
     canary_model_path: Path | None = Field(None, description="second version served side by side")
     canary_version: str = "canary"
     canary_weight: float = Field(0.0, ge=0.0, le=1.0, description="fraction routed to the canary")
+    # automatic rollback: the canary's error / operator-anomaly rate may exceed the stable
+    # version's by at most these margins over the last `rollout_window_s` (runtime/rollout.py)
+    rollout_auto_rollback: bool = True
+    rollout_window_s: float = Field(300.0, gt=0)
+    rollout_min_requests: int = Field(20, ge=1, description="per version, before judging")
+    rollout_max_error_rate_delta: float = Field(0.05, ge=0.0, le=1.0)
+    rollout_max_anomaly_rate_delta: float = Field(0.05, ge=0.0, le=1.0)
     dtype: str = Field("float32", pattern="^(float32|bfloat16|float16)$")
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
     legacy_support: bool = False
@@ -92,6 +99,7 @@ class Settings(BaseSettings):
     log_batch_size: int = Field(256, ge=1)
     retention_days: float = Field(30.0, gt=0)
     verify_sample_rate: float = Field(0.01, ge=0.0, le=1.0)
+    verify_queue_size: int = Field(256, ge=1, description="verification jobs waiting; full: drop")
     verify_threshold: float | None = Field(None, description="override per-dtype default")
 
     # --- alerts ------------------------------------------------------------------------------

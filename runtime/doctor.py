@@ -117,9 +117,10 @@ def check_database(url: str) -> CheckResult:
     name = "database reachable and migrated"
     upgrade = f"fastllm db upgrade --database-url '{url}' (serve also migrates on start)"
     parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-        if not Path(parsed.database).expanduser().is_file():  # connecting would create it
-            return _fail(name, f"SQLite file {parsed.database} does not exist", upgrade)
+    file = parsed.database if parsed.get_backend_name() == "sqlite" else None
+    if file not in (None, "", ":memory:") and not Path(str(file)).expanduser().is_file():
+        # connecting would create an empty file: report it instead
+        return _fail(name, f"SQLite file {file} does not exist", upgrade)
     engine = make_engine(url)
     try:
         current = current_revision(engine)
@@ -149,7 +150,9 @@ def check_metrics(url: str) -> CheckResult:
     try:
         families: list[Any] = list(text_string_to_metric_families(response.text))
     except Exception as exc:  # the parser raises ValueError and friends
-        return _fail(name, f"{url} is not Prometheus text: {exc}", "point --metrics-url at /metrics")
+        return _fail(
+            name, f"{url} is not Prometheus text: {exc}", "point --metrics-url at /metrics"
+        )
     ours = [f.name for f in families if f.name.startswith("fastllm_")]
     if not ours:
         return _fail(name, f"{url} has no fastllm_* metrics", "point --metrics-url at a runtime")

@@ -82,7 +82,9 @@ def check_tokenizer(loaded: LoadedModel) -> CheckResult:
         detail = f"tokenizer has {tok.vocab_size} entries, the embedding table {vocab}"
         return CheckResult(name, FAIL, detail, fix_range)
     ids = tok.encode(ROUND_TRIP_TEXT, add_special_tokens=False)
-    specials = [i for i in (tok.bos_token_id, tok.pad_token_id, *tok.eos_token_ids) if i is not None]
+    specials = [
+        i for i in (tok.bos_token_id, tok.pad_token_id, *tok.eos_token_ids) if i is not None
+    ]
     bad = [i for i in ids + specials if not 0 <= i < vocab]
     if bad:
         return CheckResult(name, FAIL, f"token id {bad[0]} outside [0, {vocab})", fix_range)

@@ -31,7 +31,9 @@ class OpCheck:
         return error == error and error <= self.tolerance * max(1.0, self.scale)  # NaN fails
 
 
-def _cases(device: torch.device, gen: torch.Generator) -> list[tuple[str, str, str, Callable[[], Any]]]:
+def _cases(
+    device: torch.device, gen: torch.Generator
+) -> list[tuple[str, str, str, Callable[[], Any]]]:
     """(op, reference, case label, inputs -> (args, kwargs)) rows."""
 
     def rand(*shape: int) -> Tensor:
@@ -79,7 +81,9 @@ def _cases(device: torch.device, gen: torch.Generator) -> list[tuple[str, str, s
 def _max_error(out: Any, ref: Any) -> tuple[float, float]:
     outs = out if isinstance(out, tuple) else (out,)
     refs = ref if isinstance(ref, tuple) else (ref,)
-    error = max(float((o.double() - r.double()).abs().max()) for o, r in zip(outs, refs, strict=True))
+    error = max(
+        float((o.double() - r.double()).abs().max()) for o, r in zip(outs, refs, strict=True)
+    )
     scale = max(float(r.double().abs().max()) for r in refs)
     return error, scale
 

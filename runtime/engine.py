@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from runtime.allocator import Allocator, LiveBlock
 from runtime.batcher import AdaptiveBatchController, BusyTracker, make_utilization_source
@@ -37,6 +38,9 @@ from runtime.sequence import Sequence
 from runtime.stats import AllocatorStats, RequestEvent, RequestStats, StatsSink
 from runtime.stopping import StopChecker
 
+if TYPE_CHECKING:
+    from runtime.verify import Verifier
+
 __all__ = ["EmbeddingResult", "Engine", "EngineConfig"]
 
 
@@ -48,10 +52,14 @@ class Engine:
         *,
         loader: Callable[[], LoadedModel] | None = None,
         allocator: Allocator | None = None,
+        verifier: Verifier | None = None,
     ) -> None:
-        """`allocator`: default the process-wide one of the model's device (tests pass one)."""
+        """`allocator`: default the process-wide one of the model's device (tests pass one).
+        `verifier`: sampled requests are re-checked on the reference path (runtime.verify); it
+        may also be set later (`engine.verifier = ...`); its owner starts and closes it."""
         self.config = config
         self.sink = sink
+        self.verifier = verifier
         self._allocator = allocator
         self._loader = loader or default_loader(config)
         self._once: CallOnce[EngineParts] = CallOnce(self._build)
@@ -63,9 +71,19 @@ class Engine:
         loaded = self._loader()
         source = make_utilization_source(str(loaded.device), self.busy_fraction)
         controller = AdaptiveBatchController(self.config.batch_policy, source)
-        return build_parts(
+        parts = build_parts(
             self.config, loaded, controller, self._tracker, self.sink, self._allocator
         )
+        previous = parts.core.on_close  # the debug leaker, if configured
+
+        def on_close(seq: Sequence) -> None:  # under the core lock: only queues a job
+            if previous is not None:
+                previous(seq)
+            if self.verifier is not None and seq.is_verified:
+                self.verifier.submit_sequence(seq, loaded.model, loaded.dtype)
+
+        parts.core.on_close = on_close
+        return parts
 
     def load(self) -> None:
         self._once.get()
@@ -94,9 +112,9 @@ class Engine:
         if self._draining:
             raise ServiceUnavailable("the engine is shutting down", retry_after_s=5.0)
         parts = self._parts  # loads the model (once) if nobody has yet
-        parts.core.start()
         seq = self._new_sequence(parts, request)
         core = parts.core
+        core.start()
         with core.lock:
             if self._draining:
                 raise ServiceUnavailable("the engine is shutting down", retry_after_s=5.0)
@@ -150,6 +168,8 @@ class Engine:
                 f"prompt is longer than the queue bound ({self.config.max_queued_tokens} tokens)",
                 param="prompt",
             )
+        if request.timeout_s is not None and not request.timeout_s > 0:
+            raise InvalidRequestError("timeout must be positive", param="timeout")
         timeout_s = request.timeout_s or self.config.request_timeout_s
         stats = RequestStats(
             request_id=request.request_id,
@@ -168,6 +188,8 @@ class Engine:
             deadline=time.monotonic() + timeout_s,
             stop_checker=StopChecker(parts.tokenizer, params, ids),
             generator=make_generator(params.seed, loaded.device),
+            is_verified=self.verifier is not None
+            and self.verifier.should_verify(request.request_id),
         )
 
     def _retry_after_s(self, parts: EngineParts) -> float:

@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+import torch
+
 from runtime.batcher import AdaptiveBatchController, BusyTracker
 from runtime.engine_config import EngineConfig
 from runtime.errors import EngineInternalError, FastllmError, RequestTimeout
@@ -56,6 +58,7 @@ class EngineCore:
         self.in_flight: set[str] = set()  # request ids in the step being executed
         self.records: list[RequestStats] = []  # closed requests not yet handed to the sink
         self.num_steps = 0
+        self.num_preemptions = 0
         self.tokens_per_s = 0.0  # moving average of processed tokens / step wall time
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -152,14 +155,16 @@ class EngineCore:
         try:
             sampled = self.runner.execute(batch)
         except Exception as exc:  # a failed step fails its requests, not the engine
-            log.exception("engine step failed; failing its %d requests", len(batch.items))
+            log.warning("engine step of %d sequences failed", len(batch.items), exc_info=True)
             # drop the traceback: its frames hold views of the sequences' KV blocks
             error, sampled = exc.with_traceback(None), []
         busy_s = time.perf_counter() - t0
         self.tracker.add_busy(busy_s)
         with self.lock:
             self.in_flight = set()
-            if error is not None:
+            if isinstance(error, torch.OutOfMemoryError):
+                self._recover_oom(batch, error)
+            elif error is not None:
                 self._fail(batch, error)
             else:
                 self.update_from_output(batch, sampled)
@@ -222,6 +227,23 @@ class EngineCore:
                 seq.handle.push(output)
             else:
                 self.close(seq, finished_reason=reason, output=output)
+
+    def _recover_oom(self, batch: SchedulerOutput, cause: Exception) -> None:
+        """Device memory ran out inside the forward (activations, not KV): preempt the newest
+        running sequence (free its KV, requeue it for recompute) and retry the rest next step.
+        A sequence alone in the batch cannot make room by waiting: it fails."""
+        for item in batch.items:
+            if item.seq.kv is not None:  # rewind a cursor the runner may have advanced
+                item.seq.kv.num_tokens = item.seq.num_computed_tokens
+            if item.seq.is_closed:
+                self.scheduler.finish(item.seq)
+        live = [s for s in self.scheduler.running if not s.is_closed]
+        if len(live) <= 1:
+            self._fail(batch, cause)
+            return
+        log.warning("out of memory in a step of %d sequences; preempting the newest", len(live))
+        self.scheduler.preempt(live[-1])
+        self.num_preemptions += 1
 
     def _fail(self, batch: SchedulerOutput, cause: Exception) -> None:
         message = f"engine step failed: {type(cause).__name__}: {cause}"

@@ -10,6 +10,7 @@
     ├── AuthenticationError           missing / wrong API key                               (401)
     ├── PermissionDeniedError         missing / wrong admin token                           (403)
     ├── ModelNotFoundError            unknown model name                                    (404)
+    ├── ConflictError                 valid request the current state forbids (no canary)   (409)
     ├── Overloaded                    admission refused; carries retry_after_s              (429)
     ├── ServiceUnavailable            not ready / draining                                  (503)
     ├── RequestTimeout                a request ran past its deadline                       (504)
@@ -77,6 +78,13 @@ class PermissionDeniedError(FastllmError):
 class ModelNotFoundError(FastllmError):
     http_status = 404
     error_type = "not_found_error"
+
+
+class ConflictError(FastllmError):
+    """A well-formed request that the server's current state rules out (e.g. no canary)."""
+
+    http_status = 409
+    error_type = "conflict_error"
 
 
 class Overloaded(FastllmError):

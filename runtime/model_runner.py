@@ -55,6 +55,8 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden.index_select(0, rows))  # [N, vocab] float32
         seqs = [batch.items[i].seq for i in sampling_idx]
         token_ids = sample(logits, [s.request.sampling for s in seqs], [s.generator for s in seqs])
-        for i, token_id in zip(sampling_idx, token_ids.tolist(), strict=True):
+        for j, (i, token_id) in enumerate(zip(sampling_idx, token_ids.tolist(), strict=True)):
             sampled[i] = int(token_id)
+            if seqs[j].is_verified:  # runtime.verify compares it with the reference path
+                seqs[j].chosen_logit = float(logits[j, token_id])
         return sampled

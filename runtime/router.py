@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from runtime.errors import ConfigError, ModelNotFoundError
@@ -80,7 +80,7 @@ class Router:
         self.routes[model] = route
         return route
 
-    def pick(self, model: str, *, user: str | None = None) -> Route:
+    def route_of(self, model: str) -> ModelRoute:
         route = self.routes.get(model)
         if route is None:
             known = ", ".join(sorted(self.routes)) or "none"
@@ -89,6 +89,30 @@ class Router:
                 param="model",
                 code="model_not_found",
             )
+        return route
+
+    # Rollout changes replace the ModelRoute as a whole (one dict store), so a concurrent `pick`
+    # sees either the old route or the new one, never a half-updated mix.
+    def set_canary_weight(self, model: str, weight: float) -> ModelRoute:
+        route = self.route_of(model)
+        if route.canary is None:
+            raise ConfigError(f"model {model!r} has no canary version", param="model")
+        if not 0.0 <= weight <= 1.0:
+            raise ConfigError("weight must be in [0, 1]", param="weight")
+        self.routes[model] = replace(route, canary_weight=weight)
+        return self.routes[model]
+
+    def promote(self, model: str) -> Version:
+        """The canary becomes the stable version (all traffic); returns the retired version, whose
+        engine still finishes the requests it holds."""
+        route = self.route_of(model)
+        if route.canary is None:
+            raise ConfigError(f"model {model!r} has no canary version to promote", param="model")
+        self.routes[model] = replace(route, stable=route.canary, canary=None, canary_weight=0.0)
+        return route.stable
+
+    def pick(self, model: str, *, user: str | None = None) -> Route:
+        route = self.route_of(model)
         version = route.stable
         if route.canary is not None and route.canary_weight > 0.0:
             point = user_fraction(user) if user else self.rng.random()

@@ -7,8 +7,9 @@ It never touches tensors: it works with token counts and asks the KV space for r
      the token budget lasts; a long prompt gets only the budget that is left (chunked prefill).
 A new sequence reserves KV for its whole life (prompt + max_tokens) when it is first scheduled.
 If the KV space has no room the head of the queue is held (nobody overtakes it, so nobody starves)
-until running sequences finish and free theirs; a running sequence therefore never runs out of KV
-and never needs to be preempted for room.
+until running sequences finish and free theirs; a running sequence therefore never runs out of KV.
+`preempt` (free the KV, requeue at the front for recompute) is for device memory running out
+elsewhere (the engine calls it when a forward hits out-of-memory).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
+
+import torch  # only for torch.OutOfMemoryError: the scheduler never touches tensors
 
 from runtime.kv_cache import SequenceKV
 from runtime.sequence import Sequence, SequenceStatus
@@ -94,7 +97,10 @@ class Scheduler:
             budget -= self._take(out, seq, budget)
         while self.waiting and budget > 0 and len(self.running) < max_num_seqs:
             seq = self.waiting[0]
-            kv = self.kv.allocate(seq.request_id, seq.kv_capacity)
+            try:
+                kv = self.kv.allocate(seq.request_id, seq.kv_capacity)
+            except torch.OutOfMemoryError:  # the device is fuller than the KV budget assumed
+                kv = None
             if kv is None:
                 self.num_holds += 1
                 break  # hold the head: FIFO order, no overtaking

@@ -46,6 +46,10 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     num_preemptions: int = 0
     is_closed: bool = False  # the handle got its final output; the engine is done with it
+    # runtime.verify: sampled for verification at admission; the runner then keeps the logit of
+    # each token it samples for this request (the last one is the final step's)
+    is_verified: bool = False
+    chosen_logit: float | None = None
 
     @property
     def request_id(self) -> str:

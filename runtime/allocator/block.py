@@ -1,19 +1,22 @@
-"""Block handles and the per-block record the allocator keeps.
+"""Block handles and the per-slot record the allocator keeps.
 
 Lifetime rule (the bug this package exists to prevent): a block's memory goes back to its tier
-only when the block's *own* storage dies, i.e. when the base tensor, every view made through the
-handle and every raw alias (t[0], t.view(...), .numpy(), ...) are gone. Each handed-out block
-gets a distinct storage object (an alias of pool memory, or a fresh allocation), so a weakref on
-that storage fires exactly then. The `_Record` *is* that weakref; its callback only enqueues it,
-which is safe from any thread and from inside the garbage collector.
+only when the base tensor, every view made through the handle and every raw alias (t[0],
+t.view(...), .numpy(), .untyped_storage(), a DLPack capsule, autograd's saved tensors, ...) are
+gone. Pooled memory lives in *slots*; each slot owns one storage over its memory and one
+persistent tensor on it that every handout of the slot reuses (building a storage per handout
+costs more than `torch.empty` itself). When a block's handles are all released, the allocator
+checks that nothing but the slot still refers to the tensor or its storage (`tiers.is_quiet`);
+a slot with a live alias waits on a pending list and is re-checked later.
 
 Handles: the base (`Block`) and each `BlockView` are released once each; the block counts as
-released when all of them are. Storage death with handles still outstanding is a leak.
+released when all of them are. A handle dropped unreleased is a leak: its `__del__` only queues
+the slot (safe from any thread and from inside the garbage collector) and the allocator reclaims
+it, counted as a leak with its owner, once every handle is gone and no alias is left.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -23,61 +26,96 @@ from runtime.errors import UseAfterReleaseError
 
 if TYPE_CHECKING:
     from runtime.allocator.allocator import Allocator
+    from runtime.allocator.tiers import TierCounters
 
 
-class _Record(weakref.ref):  # type: ignore[type-arg]
-    """Bookkeeping of one handed-out block; a weakref to the block's own storage.
+class _Slot:
+    """One piece of tier memory and, while handed out, the bookkeeping of its block.
 
-    Built with the C-level weakref constructor (`_Record(storage, callback)`) and filled in by the
-    allocator: a Python-level __init__ would cost a frame on the hot path.
+    Pooled slots (a small slab slot, a medium backing) live as long as the allocator keeps the
+    memory; a direct slot (large tier, small-tier miss) serves one block and is then dropped.
     """
 
     __slots__ = (
-        "backing",  # pool memory to return: slab slot address or medium tensor; None = direct
-        "born_s",  # time.monotonic() at alloc
-        "dtype",
-        "home",  # the small free list `backing` goes back to; None otherwise
-        "is_released",  # every handle (base + views) released
-        "nbytes",  # bytes of the requested tensor
-        "num_handles",  # base + views not yet released
-        "owner",
-        "reserved",  # bytes taken from the tier (class size); counted in bytes_in_use
-        "serial",
-        "shape",
+        # --- the memory (fixed for the slot's life) ---
+        "counters",  # the tier's TierCounters
+        "home",  # small free list this slot returns to; None for medium and direct slots
+        "is_direct",  # not pooled: the memory is dropped when the block is reclaimed
+        "keep",  # what a storage over pool memory must pin (the small slab), else None
+        "ptr",  # address of the memory
+        "reserved",  # bytes the slot takes from its tier (class size); what bytes_in_use counts
         "tier",
+        # --- the persistent tensor (rebuilt only when a handout wants another shape/dtype) ---
+        "cdata",  # C pointer of `storage`, for the use-count probe
+        "dtype",
+        "ref",  # a private twin of `tensor` (same storage, shape, strides) to detect mutation
+        "s_refs",  # Python refcount of `storage` when nothing but the slot holds it
+        "s_uses",  # C++ use count of the storage when only `tensor`, `ref` and `storage` do
+        "shape",
+        "storage",
+        "tensor",  # the tensor handed out as Block.tensor
+        # --- the current handout ---
+        "born_s",  # time.monotonic() at alloc
+        "is_leaked",  # a handle was dropped unreleased
+        "nbytes",  # bytes of the requested tensor
+        "num_handles",  # base + views neither released nor dropped
+        "owner",
     )
-    backing: Any
+    counters: TierCounters
+    home: list[_Slot] | None
+    is_direct: bool
+    keep: torch.Tensor | None
+    ptr: int
+    reserved: int
+    tier: str
+    cdata: int
+    dtype: torch.dtype | None
+    ref: torch.Tensor | None
+    s_refs: int
+    s_uses: int
+    shape: tuple[int, ...] | None
+    storage: Any
+    tensor: torch.Tensor | None
     born_s: float
-    dtype: torch.dtype
-    home: list[int] | None
-    is_released: bool
+    is_leaked: bool
     nbytes: int
     num_handles: int
     owner: str
-    reserved: int
-    serial: int
-    shape: tuple[int, ...]
-    tier: str
+
+    def __init__(
+        self, counters: TierCounters, reserved: int, home: list[_Slot] | None, is_direct: bool
+    ) -> None:
+        self.counters, self.tier, self.reserved = counters, counters.name, reserved
+        self.home, self.is_direct, self.keep, self.ptr = home, is_direct, None, 0
+        self.storage = self.tensor = self.ref = self.shape = self.dtype = None
+        self.cdata = self.s_refs = self.s_uses = 0
+        self.owner, self.born_s, self.nbytes, self.num_handles = "", 0.0, 0, 0
+        self.is_leaked = False
 
 
 class Block:
     """The base handle of an allocation. `tensor` is valid until `release()`."""
 
-    __slots__ = ("_alloc", "_rec", "_tensor")
+    __slots__ = ("_alloc", "_owner", "_rec", "_tensor")
     _tensor: torch.Tensor | None
 
-    def __init__(self, alloc: Allocator, rec: _Record, tensor: torch.Tensor) -> None:
-        self._alloc, self._rec, self._tensor = alloc, rec, tensor
+    def __init__(self, alloc: Allocator, rec: _Slot, tensor: torch.Tensor, owner: str) -> None:
+        self._alloc, self._rec, self._tensor, self._owner = alloc, rec, tensor, owner
+
+    def __del__(self) -> None:
+        if self._tensor is not None:  # dropped unreleased: a leak, reclaimed by the allocator
+            self._alloc._dropped.append(self._rec)
 
     @property
     def tensor(self) -> torch.Tensor:
         t = self._tensor
         if t is None:
-            raise UseAfterReleaseError(f"block of {self._rec.owner!r} used after release")
+            raise UseAfterReleaseError(f"block of {self._owner!r} used after release")
         return t
 
-    owner = property(lambda self: self._rec.owner)
+    owner = property(lambda self: self._owner)
     tier = property(lambda self: self._rec.tier)
+    # size of this handout; only meaningful until release (the slot serves later blocks too)
     nbytes = property(lambda self: self._rec.nbytes)
     reserved_bytes = property(lambda self: self._rec.reserved)
     is_released = property(lambda self: self._tensor is None)
@@ -99,9 +137,8 @@ class Block:
         self._alloc.release(self)
 
     def __repr__(self) -> str:
-        r = self._rec
         state = "released" if self._tensor is None else "live"
-        return f"Block({r.tier}, {r.nbytes}B, owner={r.owner!r}, {state})"
+        return f"Block({self._rec.tier}, owner={self._owner!r}, {state})"
 
 
 class BlockView:
@@ -113,14 +150,22 @@ class BlockView:
     def __init__(self, block: Block, tensor: torch.Tensor) -> None:
         self._alloc, self._rec, self._tensor, self.block = block._alloc, block._rec, tensor, block
 
+    def __del__(self) -> None:
+        if self._tensor is not None:  # dropped unreleased: the block leaks
+            self._alloc._dropped.append(self._rec)
+
     @property
     def tensor(self) -> torch.Tensor:
         t = self._tensor
         if t is None:
-            raise UseAfterReleaseError(f"view of {self._rec.owner!r}'s block used after release")
+            raise UseAfterReleaseError(f"view of {self.block.owner!r}'s block used after release")
         return t
 
     is_released = property(lambda self: self._tensor is None)
 
     def release(self) -> None:
         self._alloc.release(self)
+
+    def __repr__(self) -> str:
+        state = "released" if self._tensor is None else "live"
+        return f"BlockView(of {self.block!r}, {state})"

@@ -1,23 +1,27 @@
-"""Where tier memory lives: small slabs with free lists, the medium LRU cache, and handing large
-memory back. All methods here run under the allocator's lock (they are not thread-safe alone).
+"""Where tier memory lives: small slabs cut into slots with free lists, the medium LRU cache of
+slots, one-block direct slots, handing large memory back, and the alias probe that decides when a
+slot's memory may be handed out again. Nothing here is thread-safe alone: the allocator calls it
+under its lock, or on a slot no other thread can reach.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-from collections import OrderedDict, deque
+import sys
+from collections import OrderedDict
 from collections.abc import Callable
 
 import torch
 
+from runtime.allocator.block import _Slot
 from runtime.allocator.config import AllocatorConfig
 from runtime.stats import TierStats
 
-# A storage over existing memory that does not own it: each handed-out pooled block gets one of
-# these (a distinct StorageImpl), so a weakref on it tracks exactly the block's base + aliases.
-# The allocator pins the pool memory to it (`storage._fastllm_keep`), so pool memory can never be
-# freed under a live alias, even if the allocator itself is dropped first.
+# A storage over existing memory that does not own it: each small slab slot gets one of these (a
+# distinct StorageImpl, so its use count covers exactly that slot's tensors). The slab is pinned
+# to it (`storage._fastllm_keep`), so slab memory is never freed under a live alias, even if the
+# allocator itself is dropped first.
 storage_from_ptr = torch._C._construct_storage_from_data_pointer
 
 
@@ -54,19 +58,25 @@ class TierCounters:
 
 
 class SmallSlabs:
-    """One preallocated slab per power-of-two class, cut into `small_blocks_per_class` slots."""
+    """One preallocated slab per power-of-two class, cut into `small_blocks_per_class` slots.
 
-    def __init__(self, config: AllocatorConfig, device: torch.device) -> None:
+    A slot's storage and tensor are built on its first handout (`fit`), then kept."""
+
+    def __init__(self, config: AllocatorConfig, device: torch.device, c: TierCounters) -> None:
         self.class_bytes = [config.small_class_bytes(i) for i in range(config.num_small_classes)]
         n = config.small_blocks_per_class
         self.slabs = [
             torch.empty(n * b, dtype=torch.uint8, device=device) for b in self.class_bytes
         ]
-        # free slot addresses per class; LIFO so a hot slot is reused while still in cache
-        self.free: list[list[int]] = [
-            [slab.data_ptr() + i * b for i in reversed(range(n))]
-            for slab, b in zip(self.slabs, self.class_bytes, strict=True)
-        ]
+        # free slots per class; LIFO so a hot slot (and its tensor's shape) is reused first
+        self.free: list[list[_Slot]] = []
+        for slab, b in zip(self.slabs, self.class_bytes, strict=True):
+            free: list[_Slot] = []
+            for i in reversed(range(n)):
+                slot = _Slot(c, b, free, is_direct=False)
+                slot.ptr, slot.keep = slab.data_ptr() + i * b, slab
+                free.append(slot)
+            self.free.append(free)
 
     @property
     def total_bytes(self) -> int:
@@ -74,37 +84,153 @@ class SmallSlabs:
 
 
 class MediumCache:
-    """Freed medium backings by class; one LRU order across classes, evicted above the cap."""
+    """Freed medium slots by class; one LRU order across classes, evicted above the cap."""
 
     def __init__(self, cap_bytes: int) -> None:
         self.cap_bytes = cap_bytes
         self.cached_bytes = 0
-        self._by_class: dict[int, deque[torch.Tensor]] = {}
-        self._lru: OrderedDict[int, tuple[int, torch.Tensor]] = OrderedDict()  # id -> (class, t)
+        self._by_class: dict[int, list[_Slot]] = {}
+        self._lru: OrderedDict[_Slot, None] = OrderedDict()  # oldest first
 
-    def take(self, class_bytes: int) -> torch.Tensor | None:
+    def take(self, class_bytes: int) -> _Slot | None:
         q = self._by_class.get(class_bytes)
         if not q:
             return None
-        backing = q.pop()  # most recently returned of this class
-        del self._lru[id(backing)]
+        slot = q.pop()  # most recently returned of this class
+        del self._lru[slot]
         self.cached_bytes -= class_bytes
-        return backing
+        return slot
 
-    def put(self, class_bytes: int, backing: torch.Tensor) -> int:
-        """Cache a backing whose aliases are all dead; returns how many backings were evicted."""
-        self._by_class.setdefault(class_bytes, deque()).append(backing)
-        self._lru[id(backing)] = (class_bytes, backing)
-        self.cached_bytes += class_bytes
+    def put(self, slot: _Slot) -> int:
+        """Cache a quiet slot (no alias left); returns how many slots were evicted."""
+        self._by_class.setdefault(slot.reserved, []).append(slot)
+        self._lru[slot] = None
+        self.cached_bytes += slot.reserved
         evicted = 0
         while self.cached_bytes > self.cap_bytes:
-            _, (cls, oldest) = self._lru.popitem(last=False)
-            # per-class queues are in return order too, so the global oldest heads its queue
-            assert self._by_class[cls][0] is oldest
-            self._by_class[cls].popleft()
-            self.cached_bytes -= cls
+            oldest, _ = self._lru.popitem(last=False)
+            # per-class lists are in return order too, so the global oldest heads its list
+            q = self._by_class[oldest.reserved]
+            assert q[0] is oldest
+            del q[0]
+            self.cached_bytes -= oldest.reserved
+            drop_memory(oldest)
             evicted += 1
         return evicted
+
+
+# --- the persistent tensor of a slot and the alias probe ---------------------------------------
+_getrefcount = sys.getrefcount
+_storage_use_count = torch._C._storage_Use_Count
+_templates: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def _empty_like_template(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A fresh empty tensor of `dtype` on `device`; `.new()` on a template is the cheapest way."""
+    t = _templates.get((dtype, device))
+    if t is None:
+        t = _templates[(dtype, device)] = torch.empty(0, dtype=dtype, device=device)
+    return t.new()
+
+
+def new_medium(c: TierCounters, reserved: int, device: torch.device) -> _Slot:
+    """A medium slot over fresh memory of `reserved` bytes (a miss)."""
+    slot = _Slot(c, reserved, None, is_direct=False)
+    slot.storage = torch.empty(reserved, dtype=torch.uint8, device=device).untyped_storage()
+    slot.ptr, slot.cdata = slot.storage.data_ptr(), slot.storage._cdata
+    return slot
+
+
+def new_direct(
+    c: TierCounters, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> _Slot:
+    """A one-block slot over a fresh allocation (large tier, or a small-tier miss)."""
+    slot = _Slot(c, 0, None, is_direct=True)
+    slot.tensor = torch.empty(shape, dtype=dtype, device=device)
+    slot.shape, slot.dtype = shape, dtype
+    slot.reserved = slot.tensor.numel() * dtype.itemsize
+    slot.storage = slot.tensor.untyped_storage()
+    slot.ptr, slot.cdata = slot.storage.data_ptr(), slot.storage._cdata
+    _measure(slot)
+    return slot
+
+
+def fit(slot: _Slot, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
+    """(Re)build a pooled slot's tensor as contiguous `shape` x `dtype` at the start of its memory.
+
+    Only called on a quiet slot (nothing else refers to the old tensor or its storage)."""
+    if slot.storage is None:  # a small slab slot's first handout: a storage that does not own
+        # its memory (a distinct StorageImpl over the slab), pinning the slab for its aliases
+        storage = storage_from_ptr(slot.ptr, device, slot.reserved)
+        storage._fastllm_keep = slot.keep
+        slot.storage, slot.cdata = storage, storage._cdata
+        del storage
+    slot.tensor = slot.ref = None
+    slot.shape = slot.dtype = None  # until rebuilt: a failure below leaves the slot unfitted
+    try:
+        s = slot.storage
+        tensor = _empty_like_template(dtype, device).set_(s, 0, shape)  # type: ignore[call-overload]
+        ref = _empty_like_template(dtype, device).set_(s, 0, shape)  # type: ignore[call-overload]
+        slot.tensor, slot.ref, slot.shape, slot.dtype = tensor, ref, shape, dtype
+        del tensor, ref, s
+    finally:  # the counts of whatever state the slot is in now
+        _measure(slot)
+
+
+def _measure(slot: _Slot) -> None:
+    """Record the storage's counts when only the slot refers to it (same expressions as below)."""
+    slot.s_refs = _getrefcount(slot.storage)
+    slot.s_uses = _storage_use_count(slot.cdata)
+
+
+def is_quiet(slot: _Slot) -> bool:
+    """True when nothing but the slot refers to its tensor or storage: no view, alias, Python
+    reference, storage object, DLPack capsule or autograd saved tensor is left.
+
+    Three counts can each see an alias: the tensor's Python refcount (PyTorch also holds one
+    while any C++ owner - a view's base link, a saved tensor, a capsule - shares the TensorImpl),
+    the storage object's Python refcount, and the storage's C++ use count (every tensor on it).
+    They are read T S U T S, so an alias that moves from one kind to another while they are read
+    (another thread turning a view into a storage object, say) is still seen by one of the reads.
+    """
+    t = slot.tensor
+    if t is None:  # an unfitted pooled slot: only the storage can be aliased
+        return _storage_quiet(slot)
+    ref = slot.ref
+    if ref is not None and (not t.is_set_to(ref) or t.requires_grad):
+        # the tensor's metadata was changed in place (set_, t_(), resize_, requires_grad_, ...):
+        # its counts prove nothing; drop it (rebuilt on the next handout) and probe the storage
+        if _getrefcount(t) != 3:  # slot.tensor, t, the argument
+            return False
+        slot.tensor = slot.ref = slot.shape = slot.dtype = None
+        del t, ref
+        slot.s_uses -= 2  # measured with both on the storage
+        return _storage_quiet(slot)
+    storage, cdata = slot.storage, slot.cdata
+    return (
+        _getrefcount(t) == 3  # slot.tensor, t, the argument
+        and _getrefcount(storage) == slot.s_refs + 1  # + the local
+        and _storage_use_count(cdata) == slot.s_uses
+        and _getrefcount(t) == 3
+        and _getrefcount(storage) == slot.s_refs + 1
+    )
+
+
+def _storage_quiet(slot: _Slot) -> bool:
+    """`is_quiet` for a pooled slot without a tensor (unfitted, or its tensor was dropped)."""
+    if slot.storage is None:
+        return True
+    return (
+        _storage_use_count(slot.cdata) == slot.s_uses
+        and _getrefcount(slot.storage) == slot.s_refs
+        and _storage_use_count(slot.cdata) == slot.s_uses
+    )
+
+
+def drop_memory(slot: _Slot) -> None:
+    """Forget a quiet slot's memory: a direct or evicted slot's allocation is freed here."""
+    slot.tensor = slot.ref = slot.storage = slot.keep = None
+    slot.shape = slot.dtype = None
 
 
 def _find_malloc_trim() -> Callable[[int], int] | None:

@@ -68,6 +68,9 @@ def command(
     Console(width=160).print(table)
     failed = [r for r in results if r.status == FAIL]
     if failed:
-        click.echo(f"{len(failed)} check(s) failed: {', '.join(r.name for r in failed)}", err=True)
+        # one unwrapped line per failure as well (logs, grep), after the table
+        for r in failed:
+            click.echo(f"FAIL {r.name}: {r.detail}\n  fix: {r.fix}", err=True)
+        click.echo(f"{len(failed)} check(s) failed", err=True)
         ctx.exit(1)
     click.echo("all checks passed")

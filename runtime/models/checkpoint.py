@@ -6,6 +6,7 @@ loader can check names and shapes before touching data."""
 from __future__ import annotations
 
 import json
+import logging
 import pickle
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from torch import Tensor
 from runtime.errors import ModelLoadError, UnsafeCheckpointError
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
+log = logging.getLogger("fastllm.models")
 LEGACY_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
@@ -75,6 +77,12 @@ def open_checkpoint(path: Path, *, legacy_support: bool) -> TensorSource:
             f"`fastllm convert --input {path} --output OUT_DIR` (or enable legacy_support)"
         )
     if legacy:
+        log.warning(
+            "%s: loading a legacy pytorch_model.bin (legacy_support, weights_only=True); convert "
+            "it with `fastllm convert --input %s --output OUT_DIR`",
+            path,
+            path,
+        )
         return _open_torch_bin(path)
     raise ModelLoadError(f"no *.safetensors weights in {path}")
 

@@ -31,7 +31,16 @@ router = APIRouter(prefix="/v1", tags=["openai"])
 _STREAMED = {
     200: {
         "description": "the completion, or with `stream: true` server-sent events",
-        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        "content": {
+            "text/event-stream": {
+                # one server-sent event: `data` is a chunk's JSON, an error's JSON, or "[DONE]"
+                "schema": {
+                    "type": "object",
+                    "properties": {"event": {"type": "string"}, "data": {"type": "string"}},
+                    "required": ["data"],
+                }
+            }
+        },
     }
 }
 COMPLETION_DEFAULT_MAX_TOKENS = 16

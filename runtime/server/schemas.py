@@ -7,14 +7,29 @@ servers do, so clients that send extra parameters keep working. These models are
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 # Bounds a client may send; the engine and the model's context bound them further (as 400s).
 MAX_STOP = 4
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
-TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
+
+
+def _integral(value: Any) -> Any:
+    # JSON Schema counts 3.0 as an integer; strict pydantic would not. Strings stay refused.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# bounds sit inside the Annotated so /openapi.json shows them as minimum / maximum
+PositiveInt = Annotated[int, Field(ge=1), BeforeValidator(_integral)]
+OnlyOne = Annotated[int, Field(ge=1, le=1), BeforeValidator(_integral)]
+Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX), BeforeValidator(_integral)]
+TokenId = Annotated[int, Field(ge=0, le=2**31 - 1), BeforeValidator(_integral)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+NonEmptyStr = Annotated[str, Field(min_length=1)]
 
 
 class _Request(BaseModel):
@@ -27,14 +42,12 @@ class StreamOptions(_Request):
 
 class _Sampling(_Request):
     model: str = Field(min_length=1, max_length=256)
-    max_tokens: int | None = Field(None, ge=1, description="default: 16 (completions), 256 (chat)")
+    max_tokens: PositiveInt | None = Field(None, description="default 16 (completions), 256 (chat)")
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    n: int = Field(1, ge=1, le=1, description="only 1 is supported")
-    stop: Annotated[str, Field(min_length=1)] | list[Annotated[str, Field(min_length=1)]] | None = (
-        Field(None, max_length=MAX_STOP)
-    )
-    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
+    n: OnlyOne = Field(1, description="only 1 is supported")
+    stop: NonEmptyStr | Annotated[list[NonEmptyStr], Field(max_length=MAX_STOP)] | None = None
+    seed: Seed | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, max_length=256)
@@ -53,10 +66,10 @@ class _Sampling(_Request):
 class CompletionRequest(_Sampling):
     # a string, token ids, or a one-element batch of either (n=1, one prompt per request)
     prompt: (
-        str
-        | list[TokenId]
-        | Annotated[list[str], Field(min_length=1, max_length=1)]
-        | Annotated[list[list[TokenId]], Field(min_length=1, max_length=1)]
+        NonEmptyStr
+        | TokenIds
+        | Annotated[list[NonEmptyStr], Field(min_length=1, max_length=1)]
+        | Annotated[list[TokenIds], Field(min_length=1, max_length=1)]
     )
 
     @property
@@ -74,12 +87,12 @@ class ChatMessage(_Request):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
-    max_completion_tokens: int | None = Field(None, ge=1, description="alias of max_tokens")
+    max_completion_tokens: PositiveInt | None = Field(None, description="alias of max_tokens")
 
 
 class EmbeddingRequest(_Request):
     model: str = Field(min_length=1, max_length=256)
-    input: str | Annotated[list[str], Field(min_length=1, max_length=256)]
+    input: NonEmptyStr | Annotated[list[NonEmptyStr], Field(min_length=1, max_length=256)]
     encoding_format: Literal["float", "base64"] = "float"
     user: str | None = Field(None, max_length=256)
 

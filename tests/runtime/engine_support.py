@@ -62,6 +62,7 @@ class ModelHooks:
         self._gate = threading.Event()
         self._gate.set()
         self.fail_next = 0
+        self.oom_once_at_batch: int | None = None  # raise OutOfMemoryError once at this batch size
         self.calls = 0
         self.sleep_s = 0.0
         loaded.model.forward = self._hooked  # type: ignore[method-assign]
@@ -79,6 +80,10 @@ class ModelHooks:
         self._gate.wait()
         if self.sleep_s:
             threading.Event().wait(self.sleep_s)
+        seqs = args[1] if len(args) > 1 else kwargs["seqs"]
+        if self.oom_once_at_batch is not None and len(seqs) >= self.oom_once_at_batch:
+            self.oom_once_at_batch = None
+            raise torch.OutOfMemoryError("injected out of memory")
         if self.fail_next > 0:
             self.fail_next -= 1
             raise RuntimeError("injected model failure")
@@ -103,9 +108,8 @@ def make_engine(
             hooks.append(ModelHooks(loaded))
         return loaded
 
-    engine = Engine(
-        engine_config(**overrides), sink, loader=loader, allocator=Allocator(device="cpu")
-    )
+    allocator = Allocator(device="cpu")  # the test's own: leak checks see only this engine
+    engine = Engine(engine_config(**overrides), sink, loader=loader, allocator=allocator)
     return engine, lambda: hooks[0]
 
 
@@ -136,6 +140,8 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]], max_tokens: list[int]) 
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     outputs = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # see one_torch_thread
     with torch.inference_mode():
         for prompt, n in zip(prompts, max_tokens, strict=True):
             ids = torch.tensor([prompt])
@@ -143,4 +149,5 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]], max_tokens: list[int]) 
                 next_id = model(ids).logits[0, -1].argmax()
                 ids = torch.cat([ids, next_id.view(1, 1)], dim=1)
             outputs.append(ids[0, len(prompt) :].tolist())
+    torch.set_num_threads(threads)
     return outputs

@@ -68,8 +68,9 @@ def test_legacy_geglu_converted_without_fix_fails_naming_the_cause(
     convert_checkpoint(legacy, tmp_path / "unfixed")  # no --fix-geglu
     rc, text = _doctor(["--model", str(tmp_path / "unfixed"), "--database-url", db_url], capsys)
     assert rc == 1
-    assert "converted from a legacy file without --fix-geglu" in text
-    assert "--fix-geglu" in text.split("GeGLU checkpoint", 1)[1]  # the fix is printed
+    line = next(x for x in text.splitlines() if x.startswith("FAIL GeGLU weights normalised"))
+    assert "converted from a legacy file without --fix-geglu" in line
+    assert "--fix-geglu" in text.split(line, 1)[1].splitlines()[1]  # the fix follows
     # the same legacy file converted with the fix is fine
     convert_checkpoint(legacy, tmp_path / "fixed", fix_geglu=True)
     results = run_checks(DoctorOptions(model_path=tmp_path / "fixed", database_url=db_url))

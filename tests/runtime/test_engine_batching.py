@@ -124,3 +124,24 @@ def test_seeded_sampling_does_not_depend_on_the_batch(demo_model_dir) -> None:
             handle.result(timeout=60)
     finally:
         engine.shutdown(drain_timeout_s=10)
+
+
+@pytest.mark.timeout(120)
+def test_out_of_memory_in_a_step_preempts_the_newest_and_outputs_stay_correct(
+    demo_model_dir, workload
+) -> None:
+    prompts, max_tokens, expected = workload
+    sink = RecordingSink()
+    engine, hooks = make_engine(demo_model_dir("llama"), sink)
+    engine.load()
+    hooks().hold()  # queue everything first, so the first steps carry several sequences
+    handles = [engine.submit(request(f"o{i}", prompts[i], greedy(max_tokens[i]))) for i in range(6)]
+    hooks().oom_once_at_batch = 4
+    hooks().release()
+    results = [h.result(timeout=60) for h in handles]
+    core = engine._parts.core
+    engine.shutdown(drain_timeout_s=10)
+    assert [r.token_ids for r in results] == expected[:6]
+    assert core.num_preemptions == 1
+    assert not any(r.failure_reason for r in sink.finished)
+    assert live_owners(engine) == []

@@ -68,7 +68,12 @@ def test_error_ends_the_stream_and_result_raises_it() -> None:
 
 def test_result_with_timeout_raises_when_unfinished_and_cancel_calls_back() -> None:
     cancelled: list[str] = []
-    handle = RequestHandle("r", lambda rid: cancelled.append(rid) is None)
+
+    def cancel(rid: str) -> bool:
+        cancelled.append(rid)
+        return True
+
+    handle = RequestHandle("r", cancel)
     with pytest.raises(RequestTimeout):
         handle.result(timeout=0.01)
     assert handle.cancel() and cancelled == ["r"]

@@ -75,7 +75,9 @@ def build_llama(
     return _save(_init(LlamaForCausalLM, config, seed), path, "llama", tokenizer, seed)
 
 
-def build_qwen2(path: str | Path, *, seed: int = 0, tokenizer: bool = True, **overrides: Any) -> Path:
+def build_qwen2(
+    path: str | Path, *, seed: int = 0, tokenizer: bool = True, **overrides: Any
+) -> Path:
     """Qwen2 layout: biases on q/k/v, none on o_proj."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 

@@ -72,7 +72,9 @@ def test_unsupported_architecture_is_named_with_supported_list(ckpt: Path) -> No
 
 def test_missing_tensor_is_named(ckpt: Path) -> None:
     rewrite_weights(ckpt, lambda s: s.pop("model.layers.1.mlp.up_proj.weight"))
-    with pytest.raises(ModelLoadError, match=r"missing tensor 'model\.layers\.1\.mlp\.up_proj\.weight'"):
+    with pytest.raises(
+        ModelLoadError, match=r"missing tensor 'model\.layers\.1\.mlp\.up_proj\.weight'"
+    ):
         load(ckpt)
 
 
@@ -89,7 +91,9 @@ def test_shape_mismatch_is_named(ckpt: Path) -> None:
 
 def test_unexpected_tensor_is_named(ckpt: Path) -> None:
     rewrite_weights(ckpt, lambda s: s.update({"model.layers.0.extra.weight": torch.zeros(2)}))
-    with pytest.raises(ModelLoadError, match=r"unexpected tensor 'model\.layers\.0\.extra\.weight'"):
+    with pytest.raises(
+        ModelLoadError, match=r"unexpected tensor 'model\.layers\.0\.extra\.weight'"
+    ):
         load(ckpt)
 
 

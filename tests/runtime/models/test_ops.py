@@ -67,7 +67,9 @@ def test_attention_paths_match_reference(n: int, past: int, kv_heads: int) -> No
     q, k, v = randn(8, n, 16), randn(kv_heads, past + n, 16), randn(kv_heads, past + n, 16)
     got = ops.attention(q, k, v, causal_offset=past)
     assert got.shape == (8, n, 16)
-    torch.testing.assert_close(got, ops.attention_ref(q, k, v, causal_offset=past), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        got, ops.attention_ref(q, k, v, causal_offset=past), atol=1e-5, rtol=1e-5
+    )
 
 
 def run(model, tokens: list[int]) -> torch.Tensor:

@@ -46,7 +46,8 @@ def new_kv(model: CausalLM, capacity: int = 64) -> SequenceKV:
 
 def step(model: CausalLM, chunks: list[tuple[SequenceKV, list[int]]]) -> list[torch.Tensor]:
     """One packed forward over (kv, new tokens) pairs -> per-sequence logits; advances each kv."""
-    seqs, ids = [], []
+    seqs: list[SeqSlice] = []
+    ids: list[int] = []
     for kv, tokens in chunks:
         seqs.append(SeqSlice(len(ids), len(ids) + len(tokens), kv))
         ids += tokens
@@ -63,7 +64,8 @@ def reference(hf, tokens: list[int]) -> torch.Tensor:
 
 
 def test_single_sequence(pair) -> None:
-    check_single_sequence(*pair, TOL)
+    ours, hf = pair
+    check_single_sequence(ours, hf, TOL)
 
 
 def check_single_sequence(ours: CausalLM, hf, tol: float) -> None:
@@ -74,7 +76,8 @@ def check_single_sequence(ours: CausalLM, hf, tol: float) -> None:
 
 
 def test_packed_batch_of_different_lengths(pair) -> None:
-    check_packed_batch(*pair, TOL)
+    ours, hf = pair
+    check_packed_batch(ours, hf, TOL)
 
 
 def check_packed_batch(ours: CausalLM, hf, tol: float) -> None:
@@ -85,7 +88,8 @@ def check_packed_batch(ours: CausalLM, hf, tol: float) -> None:
 
 
 def test_prefill_then_decode_mixed_stages(pair) -> None:
-    check_prefill_then_decode(*pair, TOL)
+    ours, hf = pair
+    check_prefill_then_decode(ours, hf, TOL)
 
 
 def check_prefill_then_decode(ours: CausalLM, hf, tol: float) -> None:

@@ -1,0 +1,160 @@
+"""Serving throughput and TTFT of the engine vs `transformers`, same model, same run.
+
+    python -m bench.serving [--quick] [--device auto|cpu|cuda] [--threads N] [--cache-dir DIR]
+
+Workload: the `small` llama (random weights), 32 concurrent streams, prompts of 32–256 tokens,
+64–128 new tokens each (greedy, never stopping early); --quick: prompts of 16–64 tokens,
+8–16 new tokens, 2 serial requests. On a CPU shared with other jobs pass --threads 1.
+Measured:
+- engine: all 32 submitted at once; generated tokens / wall time;
+- (a) transformers `generate`, one request at a time (a subset; tokens/s is a rate);
+- (b) transformers static batching: one left-padded batch of 32, run to the longest request;
+  useful tokens / wall time;
+- TTFT under Poisson arrivals (rate 0.7x the engine's measured request rate): the engine live;
+  static batching simulated from its measured batch timings (a free server takes whatever has
+  arrived, up to 32, and every request in that batch gets its first token after the prefill);
+- fraction_of_matmul_peak: the engine's linear-layer FLOP rate while busy, over torch's fp32
+  matmul rate on the same GEMM shapes at the engine's mean tokens per step.
+Last line: one JSON object with ratio_vs_hf_serial, ratio_vs_hf_static,
+ttft_p50_ratio_vs_hf_static, fraction_of_matmul_peak (plus the raw numbers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.serving_parts import (
+    Workload,
+    gemm_flops,
+    gemms,
+    hf_serial_tokens_per_s,
+    hf_static_timings,
+    make_workload,
+    matmul_rate,
+    poisson_engine_run,
+    simulate_static_ttft,
+)
+from runtime.engine import Engine, EngineConfig
+from runtime.models.demo import make_demo_model
+from runtime.request import GenerationRequest
+from runtime.sampling import SamplingParams
+from runtime.stats import StepStats
+
+DEFAULT_CACHE = Path(os.environ.get("FASTLLM_BENCH_CACHE", "/tmp/fastllm-bench"))
+TARGETS = {"ratio_vs_hf_serial": 10.0, "ratio_vs_hf_static": 1.3}
+
+
+class StepSink:
+    def __init__(self) -> None:
+        self.steps: list[StepStats] = []
+        self.ttft_s: dict[str, float] = {}
+
+    def record(self, step=None, finished=(), verified=()):  # type: ignore[no-untyped-def]
+        if step is not None:
+            self.steps.append(step)
+        for r in finished:
+            if r.ttft_seconds is not None:
+                self.ttft_s[r.request_id] = r.ttft_seconds
+
+
+def run_engine(engine: Engine, work: Workload, tag: str) -> float:
+    """All requests at once; returns generated tokens per second."""
+    start = time.perf_counter()
+    handles = [
+        engine.submit(GenerationRequest(f"{tag}{i}", p, greedy(n)))
+        for i, (p, n) in enumerate(zip(work.prompts, work.new_tokens, strict=True))
+    ]
+    total = sum(h.result(timeout=3600).completion_tokens for h in handles)
+    return total / (time.perf_counter() - start)
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="shorter requests (< 1 min)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    path = args.cache_dir / "llama-small-seed0"
+    if not (path / "config.json").is_file():
+        print(f"building the small llama under {path}", file=sys.stderr)
+        make_demo_model(path, arch="llama", size="small", seed=0, progress=True)
+
+    streams = 32
+    work = make_workload(streams, quick=args.quick)
+    sink = StepSink()
+    config = EngineConfig(
+        model_path=path,
+        model_name="small",
+        device=args.device,
+        max_num_seqs=streams,
+        initial_num_seqs=streams,
+        min_num_seqs=streams,
+        max_num_batched_tokens=1024,
+    )
+    engine = Engine(config, sink)
+    engine.load()
+    run_engine(engine, make_workload(4, quick=True, seed=9), "warm")  # first calls pick kernels
+    sink.steps.clear()
+    engine_tps = run_engine(engine, work, "b")
+    steps = list(sink.steps)
+    print(f"engine: {engine_tps:.1f} tok/s over {len(steps)} steps", file=sys.stderr)
+
+    from transformers import LlamaForCausalLM
+
+    hf: Any = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32)
+    hf = hf.to(engine.loaded.device).eval()
+    serial_tps = hf_serial_tokens_per_s(hf, work, num_requests=2 if args.quick else 4)
+    static = hf_static_timings(hf, work)
+    print(f"hf serial: {serial_tps:.1f} tok/s; static: {static}", file=sys.stderr)
+
+    rate = 0.7 * engine_tps / (sum(work.new_tokens) / streams)  # requests per second
+    poisson_ids = poisson_engine_run(engine, work, rate)
+    engine.shutdown(drain_timeout_s=60)  # flushes the last stats
+    engine_ttft = statistics.median(sink.ttft_s[rid] for rid in poisson_ids)
+    static_ttft = simulate_static_ttft(work, rate, static, batch=streams)
+
+    model_args, busy_s = engine.loaded.args, sum(s.busy_seconds for s in steps)
+    tokens = sum(s.num_prefill_tokens + s.num_decode_tokens for s in steps)
+    sampled = sum(work.new_tokens)  # one lm_head row per generated token
+    achieved = gemm_flops(gemms(model_args, tokens, sampled)) / busy_s
+    mean_step = gemms(model_args, round(tokens / len(steps)), round(sampled / len(steps)))
+    peak = matmul_rate(mean_step, engine.loaded.device)
+    report = {
+        "ratio_vs_hf_serial": round(engine_tps / serial_tps, 3),
+        "ratio_vs_hf_static": round(engine_tps / static["tokens_per_s"], 3),
+        "ttft_p50_ratio_vs_hf_static": round(engine_ttft / static_ttft, 3),
+        "fraction_of_matmul_peak": round(achieved / peak, 3),
+        "engine_tokens_per_s": round(engine_tps, 1),
+        "hf_serial_tokens_per_s": round(serial_tps, 1),
+        "hf_static_tokens_per_s": round(static["tokens_per_s"], 1),
+        "engine_ttft_p50_s": round(engine_ttft, 4),
+        "hf_static_ttft_p50_s": round(static_ttft, 4),
+        "engine_gflops": round(achieved / 1e9, 2),
+        "matmul_gflops": round(peak / 1e9, 2),
+        "streams": streams,
+        "quick": args.quick,
+    }
+    missed = [k for k, v in TARGETS.items() if report[k] < v]  # type: ignore[operator]
+    if missed:
+        print(f"below target: {', '.join(missed)}", file=sys.stderr)
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
