@@ -22,12 +22,22 @@ class Workload:
     new_tokens: list[int]
 
 
-def make_workload(n: int, *, quick: bool, seed: int = 0) -> Workload:
+def make_workload(
+    n: int,
+    *,
+    quick: bool,
+    seed: int = 0,
+    prompt_lens: tuple[int, int] | None = None,
+    new_tokens: tuple[int, int] | None = None,
+    vocab_size: int = 1000,
+) -> Workload:
+    """`n` random prompts and new-token counts (both ranges inclusive; the defaults are the
+    serving bench's); token ids are drawn from [4, vocab_size) (below 4: special tokens)."""
     g = torch.Generator().manual_seed(seed)
-    lo, hi = (16, 64) if quick else (32, 256)
-    new_lo, new_hi = (8, 16) if quick else (64, 128)
+    lo, hi = prompt_lens or ((16, 64) if quick else (32, 256))
+    new_lo, new_hi = new_tokens or ((8, 16) if quick else (64, 128))
     lengths = torch.randint(lo, hi + 1, (n,), generator=g).tolist()
-    prompts = [torch.randint(4, 1000, (k,), generator=g).tolist() for k in lengths]
+    prompts = [torch.randint(4, vocab_size, (k,), generator=g).tolist() for k in lengths]
     return Workload(prompts, torch.randint(new_lo, new_hi + 1, (n,), generator=g).tolist())
 
 

@@ -8,7 +8,9 @@ through `InferenceLogWriter.record()` in engine-sized groups; rows/s counts from
 record() to the end of close() (everything committed). The reference is a plain synchronous
 executemany of the same rows in the same batch size. PostgreSQL is a throwaway cluster started
 from the server binaries (as the test fixture does) unless --postgres-url is given.
-`verify_overhead_pct` (serving with verification at 1% vs off) needs the engine: null for now.
+`verify_overhead_pct`: serving with verification at 1% vs off, same run (bench.verify_overhead:
+the small llama, the serving bench's quick workload; read that module for what is measured);
+--no-verify skips it, --threads N sets torch's CPU threads (use 1 on a shared CPU).
 The last line is one JSON object.
 """
 
@@ -109,6 +111,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--postgres-url", default=None, help="use this database instead")
     parser.add_argument("--no-postgres", action="store_true")
+    parser.add_argument("--no-verify", action="store_true", help="skip verify_overhead_pct")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--device", default="auto", help="device of the verification run")
     args = parser.parse_args()
     n = args.requests or (2000 if args.quick else 20000)
     results: dict[str, dict[str, float] | None] = {}
@@ -149,8 +154,16 @@ def main() -> None:
         else None,
         "record_us_per_item_sqlite": round(sqlite["record_us_per_item"], 2) if sqlite else None,
         "requests": n,
-        "verify_overhead_pct": None,  # needs the engine + runtime.verify (later)
+        "verify_overhead_pct": None,
     }
+    if not args.no_verify:
+        import torch
+
+        from bench.verify_overhead import measure
+
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        summary.update(measure(quick=args.quick, device=args.device))
     print(json.dumps(summary))
 
 

@@ -116,17 +116,22 @@ class Verifier:
         self.num_verified = 0  # requests whose probes reached the sink
         self.num_failed = 0  # jobs whose reference run raised (logged)
         self.num_dropped = 0  # jobs refused: queue full or verifier closed
+        self.busy_seconds = 0.0  # wall time the worker spent verifying (benchmarks)
+        self.cpu_seconds = 0.0  # CPU time of the worker thread itself (benchmarks)
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="fastllm-verify", daemon=True)
         if autostart:
             self.start()
 
     @classmethod
-    def from_settings(cls, settings: Settings, sink: StatsSink | None = None) -> Verifier:
+    def from_settings(
+        cls, settings: Settings, sink: StatsSink | None = None, *, autostart: bool = True
+    ) -> Verifier:
         return cls(
             sink,
             sample_rate=settings.verify_sample_rate,
             queue_size=settings.verify_queue_size,
+            autostart=autostart,
         )
 
     # --- the engine side: cheap, never blocks, never raises -------------------------------------
@@ -205,6 +210,7 @@ class Verifier:
 
     def _verify(self, jobs: list[VerifyJob]) -> None:
         ok = False
+        start, cpu_start = time.perf_counter(), time.thread_time()
         try:
             results = verify_jobs(jobs)
             if self.sink is not None:
@@ -213,6 +219,8 @@ class Verifier:
         except Exception:  # off the hot path: log, count, go on
             log.exception("verify: %d requests could not be verified", len(jobs))
         with self._lock:
+            self.busy_seconds += time.perf_counter() - start
+            self.cpu_seconds += time.thread_time() - cpu_start
             self.num_done += len(jobs)
             if ok:
                 self.num_verified += len(jobs)

@@ -1,5 +1,5 @@
-"""Per-op probes: the fast op and its reference, run on the same inputs, summarised as one scalar pair
-(output, expected) for `inference_log`.
+"""Per-op probes: the fast op and its reference, run on the same inputs, summarised as one
+scalar pair (output, expected) for `inference_log`.
 
 Inputs are one layer's tensors captured by the (packed) reference forward, cast to the serving
 dtype on the serving device, so the fast kernel that runs is the one production runs (a bf16 CUDA
@@ -11,10 +11,10 @@ differs.
 The scalar summary, per request, is the element of largest deviation over that request's part of
 the tensor, in units of the reference's scale there, `s = max(1, max|ref|)`: output = fast[i] / s,
 expected = ref[i] / s, i = argmax |fast - ref|. So ABS(output - expected) in the audit is the op's
-worst error over the whole tensor (a single corrupted element shows; a sum could cancel and would
-grow with the tensor size), absolute for activations within [-1, 1] and relative to the largest
-value beyond (large MLP activations in bf16 carry an absolute rounding error of ~|x| / 256 that is
-no fault). NaN in the fast output counts as the worst deviation and is stored as +inf
+worst error over its part of the tensor (a single corrupted element shows; a sum could cancel and
+would grow with the tensor size), absolute for activations within [-1, 1] and relative to the
+largest value beyond (large MLP activations in bf16 carry an absolute rounding error of ~|x| / 256
+that is no fault). NaN in the fast output counts as the worst deviation and is stored as +inf
 (storage.rows).
 """
 

@@ -6,6 +6,14 @@ block = alloc.alloc((4, 128), torch.float16, owner="req-42")
 block.tensor.zero_()            # [4, 128]
 half = block[:2]                # tracked view; released on its own
 half.release(); block.release() # memory returns to its tier once no alias is left
+
+Design (details in block.py and allocator.py): pooled memory lives in slots, each with one
+storage and one persistent tensor reused by every handout of that shape; on release the slot goes
+back to its pool only if the tensor's and the storage's reference counts show nothing else holds
+them (no view, raw alias, storage object, capsule or autograd saved tensor); otherwise it waits on
+a pending list, re-probed on the next miss and on collect()/stats()/leak_report(). A Block or
+BlockView dropped unreleased queues its slot from `__del__`; it is counted as a leak of its owner
+when reclaimed.
 """
 
 from __future__ import annotations

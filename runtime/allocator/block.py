@@ -36,35 +36,36 @@ class _Slot:
     memory; a direct slot (large tier, small-tier miss) serves one block and is then dropped.
     """
 
+    # M = the memory, fixed for the slot's life; T = the persistent tensor, rebuilt only when a
+    # handout wants another shape/dtype (or the last owner changed it in place); H = the handout
     __slots__ = (
-        # --- the memory (fixed for the slot's life) ---
-        "counters",  # the tier's TierCounters
-        "home",  # small free list this slot returns to; None for medium and direct slots
-        "is_direct",  # not pooled: the memory is dropped when the block is reclaimed
-        "keep",  # what a storage over pool memory must pin (the small slab), else None
-        "ptr",  # address of the memory
-        "reserved",  # bytes the slot takes from its tier (class size); what bytes_in_use counts
-        "tier",
-        # --- the persistent tensor (rebuilt only when a handout wants another shape/dtype) ---
-        "cdata",  # C pointer of `storage`, for the use-count probe
-        "dtype",
-        "ref",  # a private twin of `tensor` (same storage, shape, strides) to detect mutation
-        "s_refs",  # Python refcount of `storage` when nothing but the slot holds it
-        "s_uses",  # C++ use count of the storage when only `tensor`, `ref` and `storage` do
-        "shape",
-        "storage",
-        "tensor",  # the tensor handed out as Block.tensor
-        # --- the current handout ---
-        "born_s",  # time.monotonic() at alloc
-        "is_leaked",  # a handle was dropped unreleased
-        "nbytes",  # bytes of the requested tensor
-        "num_handles",  # base + views neither released nor dropped
-        "owner",
+        "born_s",  # H: time.monotonic() at alloc
+        "cdata",  # T: C pointer of `storage`, for the use-count probe
+        "counters",  # M: the tier's TierCounters
+        "dtype",  # T
+        "home",  # M: small free list this slot returns to; None for medium and direct slots
+        "is_direct",  # M: not pooled: the memory is dropped when the block is reclaimed
+        "is_leaked",  # H: a handle was dropped unreleased
+        "keep",  # M: what a storage over pool memory must pin (the small slab), else None
+        "lru_stamp",  # M: when a cached medium slot came back (MediumCache's LRU order)
+        "nbytes",  # H: bytes of the requested tensor
+        "num_handles",  # H: base + views neither released nor dropped
+        "owner",  # H
+        "ptr",  # M: address of the memory
+        "ref",  # T: a private twin of `tensor` (same storage, sizes, strides) to detect mutation
+        "reserved",  # M: bytes taken from the tier (class size); what bytes_in_use counts
+        "s_refs",  # T: Python refcount of `storage` when nothing but the slot holds it
+        "s_uses",  # T: C++ use count of the storage when only `tensor`, `ref`, `storage` do
+        "shape",  # T
+        "storage",  # T: the slot's own storage (a distinct StorageImpl) over the memory
+        "tensor",  # T: the tensor handed out as Block.tensor
+        "tier",  # M
     )
     counters: TierCounters
     home: list[_Slot] | None
     is_direct: bool
     keep: torch.Tensor | None
+    lru_stamp: int
     ptr: int
     reserved: int
     tier: str
@@ -88,7 +89,7 @@ class _Slot:
         self.counters, self.tier, self.reserved = counters, counters.name, reserved
         self.home, self.is_direct, self.keep, self.ptr = home, is_direct, None, 0
         self.storage = self.tensor = self.ref = self.shape = self.dtype = None
-        self.cdata = self.s_refs = self.s_uses = 0
+        self.cdata = self.s_refs = self.s_uses = self.lru_stamp = 0
         self.owner, self.born_s, self.nbytes, self.num_handles = "", 0.0, 0, 0
         self.is_leaked = False
 

@@ -6,7 +6,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from runtime.allocator.block import _Record
+from runtime.allocator.block import _Slot
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class LiveBlock:
 
 @dataclass(frozen=True)
 class LeakEvent:
-    """A block whose storage died while handles were unreleased; reclaimed by the finaliser."""
+    """A block reclaimed after a handle of it was dropped unreleased (and its aliases died)."""
 
     owner: str
     nbytes: int
@@ -38,7 +38,7 @@ class LeakEvent:
     ts: float  # wall clock when it was reclaimed
 
 
-def live_blocks(records: Iterable[_Record]) -> list[LiveBlock]:
+def live_blocks(records: Iterable[_Slot]) -> list[LiveBlock]:
     now = time.monotonic()
     out = [
         LiveBlock(
@@ -47,10 +47,10 @@ def live_blocks(records: Iterable[_Record]) -> list[LiveBlock]:
             reserved_bytes=r.reserved,
             tier=r.tier,
             age_s=now - r.born_s,
-            shape=r.shape,
+            shape=r.shape or (),  # () only after an in-place metadata change dropped the tensor
             dtype=str(r.dtype).removeprefix("torch."),
             num_handles=r.num_handles,
-            is_released=r.is_released,
+            is_released=r.num_handles == 0 and not r.is_leaked,
         )
         for r in records
     ]
@@ -58,7 +58,7 @@ def live_blocks(records: Iterable[_Record]) -> list[LiveBlock]:
     return out
 
 
-def leak_event(r: _Record) -> LeakEvent:
+def leak_event(r: _Slot) -> LeakEvent:
     return LeakEvent(
         r.owner, r.nbytes, r.reserved, r.tier, time.monotonic() - r.born_s, time.time()
     )

@@ -9,8 +9,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import sys
-from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -84,35 +84,41 @@ class SmallSlabs:
 
 
 class MediumCache:
-    """Freed medium slots by class; one LRU order across classes, evicted above the cap."""
+    """Freed medium slots by class, each list in return order; evicted oldest-first above the cap.
+
+    The LRU order across classes is a return stamp per slot: eviction (rare) looks at the head
+    of each class's list, so the hot paths are two list operations and a counter."""
 
     def __init__(self, cap_bytes: int) -> None:
         self.cap_bytes = cap_bytes
         self.cached_bytes = 0
-        self._by_class: dict[int, list[_Slot]] = {}
-        self._lru: OrderedDict[_Slot, None] = OrderedDict()  # oldest first
+        self.stamp = 0  # bumped on every put; a slot's `lru_stamp` says when it came back
+        # the allocator's hot paths inline take() and put(): keep them in step
+        self.by_class: dict[int, list[_Slot]] = {}
 
     def take(self, class_bytes: int) -> _Slot | None:
-        q = self._by_class.get(class_bytes)
+        q = self.by_class.get(class_bytes)
         if not q:
             return None
-        slot = q.pop()  # most recently returned of this class
-        del self._lru[slot]
         self.cached_bytes -= class_bytes
-        return slot
+        return q.pop()  # most recently returned of this class
 
     def put(self, slot: _Slot) -> int:
         """Cache a quiet slot (no alias left); returns how many slots were evicted."""
-        self._by_class.setdefault(slot.reserved, []).append(slot)
-        self._lru[slot] = None
+        q = self.by_class.get(slot.reserved)
+        if q is None:
+            q = self.by_class[slot.reserved] = []
+        q.append(slot)
+        self.stamp = slot.lru_stamp = self.stamp + 1
         self.cached_bytes += slot.reserved
+        return self.evict() if self.cached_bytes > self.cap_bytes else 0
+
+    def evict(self) -> int:
         evicted = 0
         while self.cached_bytes > self.cap_bytes:
-            oldest, _ = self._lru.popitem(last=False)
-            # per-class lists are in return order too, so the global oldest heads its list
-            q = self._by_class[oldest.reserved]
-            assert q[0] is oldest
-            del q[0]
+            # each list is in return order, so the globally oldest heads one of them
+            q = min((q for q in self.by_class.values() if q), key=lambda q: q[0].lru_stamp)
+            oldest = q.pop(0)
             self.cached_bytes -= oldest.reserved
             drop_memory(oldest)
             evicted += 1
@@ -161,7 +167,7 @@ def fit(slot: _Slot, shape: tuple[int, ...], dtype: torch.dtype, device: torch.d
     Only called on a quiet slot (nothing else refers to the old tensor or its storage)."""
     if slot.storage is None:  # a small slab slot's first handout: a storage that does not own
         # its memory (a distinct StorageImpl over the slab), pinning the slab for its aliases
-        storage = storage_from_ptr(slot.ptr, device, slot.reserved)
+        storage: Any = storage_from_ptr(slot.ptr, device, slot.reserved)
         storage._fastllm_keep = slot.keep
         slot.storage, slot.cdata = storage, storage._cdata
         del storage
@@ -198,14 +204,15 @@ def is_quiet(slot: _Slot) -> bool:
         return _storage_quiet(slot)
     ref = slot.ref
     if ref is not None and (not t.is_set_to(ref) or t.requires_grad):
-        # the tensor's metadata was changed in place (set_, t_(), resize_, requires_grad_, ...):
-        # its counts prove nothing; drop it (rebuilt on the next handout) and probe the storage
+        # the last owner changed the tensor's metadata in place (set_, t_(), resize_,
+        # requires_grad_, ...): its counts prove nothing until it is back on the slot's storage
+        # with the slot's shape; restore it if nothing else holds it (it is reused as is)
         if _getrefcount(t) != 3:  # slot.tensor, t, the argument
             return False
-        slot.tensor = slot.ref = slot.shape = slot.dtype = None
-        del t, ref
-        slot.s_uses -= 2  # measured with both on the storage
-        return _storage_quiet(slot)
+        t.detach_()  # no autograd history, requires_grad False
+        t.set_(ref)  # type: ignore[call-overload]  # the twin's storage, offset, sizes, strides
+        if not t.is_set_to(ref):
+            return False
     storage, cdata = slot.storage, slot.cdata
     return (
         _getrefcount(t) == 3  # slot.tensor, t, the argument
@@ -217,7 +224,7 @@ def is_quiet(slot: _Slot) -> bool:
 
 
 def _storage_quiet(slot: _Slot) -> bool:
-    """`is_quiet` for a pooled slot without a tensor (unfitted, or its tensor was dropped)."""
+    """`is_quiet` for a pooled slot whose `fit` failed: `_measure` ran on the bare storage."""
     if slot.storage is None:
         return True
     return (

@@ -63,7 +63,10 @@ def command(
         err=True,
     )
     rc = run_server(
-        app, host=settings.host, port=settings.port, grace_s=settings.drain_grace_s,
+        app,
+        host=settings.host,
+        port=settings.port,
+        grace_s=settings.drain_grace_s,
         log_level=log_level,
     )
     if rc:

@@ -53,6 +53,7 @@ def sampling_params(body: _Sampling, max_tokens: int) -> SamplingParams:
         top_p=body.top_p,
         seed=body.seed,
         stop=body.stop_strings,
+        ignore_eos=body.ignore_eos,
     )
 
 

@@ -95,7 +95,12 @@ class Guard:
                 # the engine already recorded an admitted request's failure
                 is_recorded = bool(scope.get("state", {}).get("engine_recorded"))
                 await self._refuse(
-                    scope, send, 500, "internal server error", "internal_error", record=not is_recorded
+                    scope,
+                    send,
+                    500,
+                    "internal server error",
+                    "internal_error",
+                    record=not is_recorded,
                 )
 
     async def _too_large(self, scope: Scope, send: Send, limit: int) -> None:

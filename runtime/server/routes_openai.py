@@ -28,7 +28,7 @@ from runtime.server.streaming import EventStream, token_events
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
-_STREAMED = {
+_STREAMED: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "the completion, or with `stream: true` server-sent events",
         "content": {
@@ -59,12 +59,15 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
         route.engine, len(ids), COMPLETION_DEFAULT_MAX_TOKENS
     )
     params = gen.sampling_params(body, max_tokens)
-    sub = gen.submit(
-        request, route, rid, ids, params, operation="text_completion", user=body.user
-    )
+    sub = gen.submit(request, route, rid, ids, params, operation="text_completion", user=body.user)
 
     def base() -> dict[str, Any]:
-        return {"id": rid, "object": "text_completion", "created": sub.created, "model": route.model}
+        return {
+            "id": rid,
+            "object": "text_completion",
+            "created": sub.created,
+            "model": route.model,
+        }
 
     if body.stream:
 

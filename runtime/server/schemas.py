@@ -13,7 +13,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 # Bounds a client may send; the engine and the model's context bound them further (as 400s).
 MAX_STOP = 4
-SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+# seeds within the doubles' exact integers, so every JSON encoder round-trips them exactly
+SEED_MIN, SEED_MAX = -(2**53 - 1), 2**53 - 1
 
 
 def _integral(value: Any) -> Any:
@@ -51,6 +52,7 @@ class _Sampling(_Request):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, max_length=256)
+    ignore_eos: bool = Field(False, description="extension (as vLLM): run to max_tokens")
 
     @property
     def stop_strings(self) -> tuple[str, ...]:

@@ -1,9 +1,9 @@
 """Settings -> a ServerState with every part attached. The one module that imports the runtime,
 monitoring, storage and alerts together (see DESIGN.md, dependency direction).
 
-    engines ──record()──> FanOut ──> PrometheusSink   (metrics_enabled; /metrics serves its registry)
-                                 ├─> TracingSink      (tracing_enabled; the server opens each span)
-                                 └─> InferenceLogWriter (storage_enabled; settings.database_url)
+    engines --record()--> FanOut --> PrometheusSink  (metrics_enabled; /metrics serves it)
+                                 +-> TracingSink     (tracing_enabled; the server opens spans)
+                                 +-> InferenceLogWriter (storage_enabled; database_url)
     alerts: the embedded evaluator when settings.alerts_enabled (and the alerts package has one)
 
 Each part is optional by settings so tests and benchmarks can run light. Parts with threads are
@@ -12,7 +12,6 @@ started in the app's lifespan (`on_start`) and stopped, flushing, on the way out
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -66,6 +65,8 @@ def build_state(
     attach_telemetry(state)
     if settings.storage_enabled:
         attach_storage(state)
+    if settings.verify_sample_rate > 0:
+        attach_verification(state)
     if settings.alerts_enabled:
         attach_alerts(state)
     return state
@@ -89,6 +90,7 @@ def attach_telemetry(state: ServerState) -> None:
         models=[(model, version) for model, version, _ in engines],
         allocator_stats=allocator_stats,
         busy_fraction=primary.busy_fraction,
+        anomaly_threshold=anomaly_threshold(settings),
     )
     if settings.metrics_enabled:
         state.registry = monitoring.registry
@@ -103,6 +105,32 @@ def attach_telemetry(state: ServerState) -> None:
         state.start_span = start_span
     state.on_stop.append(monitoring.shutdown)
     state.monitoring = monitoring
+
+
+def anomaly_threshold(settings: Settings) -> float:
+    """What fastllm_operator_anomalies_total counts against: the audit's threshold (one source)."""
+    from storage.audit import default_threshold
+
+    if settings.verify_threshold is not None:
+        return settings.verify_threshold
+    return default_threshold(settings.dtype)
+
+
+def attach_verification(state: ServerState) -> None:
+    """Sampled requests of every engine are re-checked on the reference path (runtime.verify);
+    the probes go through the same fan-out (writer rows, anomaly counter). Registered after the
+    writer, so it is closed (its queue finished) before the writer flushes."""
+    from runtime.verify import Verifier
+
+    verifier = Verifier.from_settings(state.settings, state.stats, autostart=False)
+    for _, _, engine in state.router.engines():
+        engine.verifier = verifier
+    state.on_start.append(verifier.start)
+
+    def close() -> None:
+        verifier.close(timeout=10.0)
+
+    state.on_stop.append(close)
 
 
 def attach_storage(state: ServerState) -> None:
@@ -120,22 +148,28 @@ def attach_storage(state: ServerState) -> None:
     )
     state.stats.add(writer)
     state.on_start.append(writer.start)
-    state.on_stop.append(lambda: writer.close(timeout=10.0))
+
+    def close_writer() -> None:
+        writer.close(timeout=10.0)  # flushes what is queued, then stops the drain thread
+
+    state.on_stop.append(close_writer)
     state.writer = writer
 
 
 def attach_alerts(state: ServerState) -> None:
-    """The alerts package's embedded evaluator: `alerts.evaluator.create_evaluator(settings,
-    registry=...)` returning an object with start() and stop(). Absent -> alerts stay off."""
-    try:
-        module = importlib.import_module("alerts.evaluator")
-    except ImportError:
-        log.info("the embedded alert evaluator is not available; alerts are off")
-        return
-    factory = getattr(module, "create_evaluator", None)
-    if factory is None:
-        log.warning("alerts.evaluator has no create_evaluator(); alerts are off")
-        return
-    evaluator = factory(state.settings, registry=state.registry)
+    """The embedded evaluator (alerts.embedded) over this app's own registry; samples and alert
+    events go to the database when storage is wired (the writer migrates it first), else to
+    memory. Started with the app, stopped on the way out."""
+    from alerts.embedded import build_evaluator
+    from alerts.sources import RegistrySource
+
+    settings = state.settings
+    metric_store = None
+    if state.writer is not None:
+        from storage.store import MetricStore
+
+        metric_store = MetricStore(state.writer.engine)
+    source = RegistrySource(state.registry, instance=f"{settings.host}:{settings.port}")
+    evaluator = build_evaluator(settings, source, metric_store=metric_store)
     state.on_start.append(evaluator.start)
     state.on_stop.append(evaluator.stop)

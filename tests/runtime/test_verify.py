@@ -3,6 +3,7 @@ the worker's guarantees (bounded queue, failures contained, requests never affec
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -34,10 +35,15 @@ def _one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
-def hf_logit(model_dir: Path, token_ids: list[int], token: int) -> float:
+@functools.cache
+def hf_model(model_dir: Path) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def hf_logit(model_dir: Path, token_ids: list[int], token: int) -> float:
+    model = hf_model(model_dir)
     with torch.inference_mode():
         return float(model(torch.tensor([token_ids])).logits[0, -1, token])
 
@@ -57,11 +63,14 @@ def test_reference_forward_matches_transformers(
 ) -> None:
     path = demo_model_dir(arch)
     model = load_model(path, device="cpu").model
-    ids = random_prompts(1, 500, max_len=12, seed=3)[0] + [7, 9]
-    ref = reference_forward(model, ids, 11, capture_layer=1)  # type: ignore[arg-type]
-    assert ref.chosen_logit == pytest.approx(hf_logit(path, ids, 11), abs=1e-4)
+    prompts = random_prompts(3, 500, max_len=12, seed=3)  # packed together in one call
+    seqs = [(ids, 11 + i) for i, ids in enumerate(prompts)]
+    ref = reference_forward(model, seqs, capture_layer=1)  # type: ignore[arg-type]
+    expected = [hf_logit(path, ids, token) for ids, token in seqs]
+    assert ref.chosen_logits == pytest.approx(expected, abs=1e-4)
     assert ref.inputs.layer == 1 and ref.inputs.act == ACT[arch]
-    assert ref.inputs.q.shape[0] == len(ids)
+    assert ref.inputs.lengths == [len(p) for p in prompts]
+    assert ref.inputs.q.shape[0] == sum(ref.inputs.lengths)
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma"])
@@ -139,7 +148,7 @@ def test_a_failing_reference_is_counted_not_raised(
     def boom(job: object) -> list[object]:
         raise RuntimeError("reference path broke")
 
-    monkeypatch.setattr("runtime.verify.verify_job", boom)
+    monkeypatch.setattr("runtime.verify.verify_jobs", boom)
     recorder = Recorder()
     with verified_engine(demo_model_dir("llama"), [recorder]) as (engine, verifier):
         outputs = serve(engine, random_prompts(3, 500))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -118,3 +121,71 @@ def test_a_raw_alias_keeps_the_memory_out_of_the_pool(tiny: Allocator, numel: in
     for f in fresh:
         f.release()
     assert tiny.stats().bytes_in_use == 0
+
+
+def _keep_alias(kind: str, t: torch.Tensor) -> object:
+    if kind == "storage":
+        return t.untyped_storage()
+    if kind == "numpy":
+        return t.numpy()
+    if kind == "dlpack":
+        return torch.utils.dlpack.to_dlpack(t)
+    if kind == "detach":
+        return t.detach()
+    if kind == "autograd":  # mul saves its input for backward: the graph aliases the block
+        return t * torch.ones(t.shape, requires_grad=True)
+    return t  # "tensor": the block's own tensor object, kept past release
+
+
+@pytest.mark.parametrize("kind", ["storage", "numpy", "dlpack", "detach", "autograd", "tensor"])
+@pytest.mark.parametrize("numel", [16, 600])  # pooled tiers: small slab slot, medium backing
+def test_every_kind_of_alias_keeps_a_pooled_slot_out(
+    tiny: Allocator, kind: str, numel: int
+) -> None:
+    block = tiny.alloc((numel,), F32, owner="old")
+    block.tensor.fill_(3.0)
+    ptr = block.tensor.data_ptr()
+    alias = _keep_alias(kind, block.tensor)
+    block.release()
+    fresh = [tiny.alloc((numel,), F32, owner=f"new{i}") for i in range(3)]
+    assert all(f.tensor.data_ptr() != ptr for f in fresh), f"reused under a live {kind} alias"
+    assert [b.owner for b in tiny.leak_report() if b.is_released] == ["old"]
+    del alias
+    assert tiny.stats().live_blocks == len(fresh)  # the old block came back once the alias died
+    for f in fresh:
+        f.release()
+    assert tiny.stats().bytes_in_use == 0
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda t: t.unsqueeze_(0),
+        lambda t: t.t_(),
+        lambda t: t.resize_(2, 2),
+        lambda t: t.as_strided_((4, 4), (1, 4)),
+        lambda t: t.set_(torch.empty(16).untyped_storage()),
+        lambda t: t.requires_grad_(True),
+    ],
+)
+@pytest.mark.parametrize("numel", [16, 600])
+def test_in_place_metadata_changes_do_not_reach_the_next_owner(
+    tiny: Allocator, mutate: Callable[[torch.Tensor], object], numel: int
+) -> None:
+    """Slots reuse their tensor object: whatever the last owner did to its metadata is undone."""
+    shape = (4, numel // 4)
+    block = tiny.alloc(shape, F32, owner="old")
+    mutate(block.tensor)
+    block.release()
+    blocks = [tiny.alloc(shape, F32, owner=f"new{i}") for i in range(3)]
+    for b in blocks:
+        t = b.tensor
+        assert t.shape == shape and t.is_contiguous() and t.storage_offset() == 0
+        assert not t.requires_grad
+        t.fill_(1.0)
+    del t  # an alias: it would keep the last block out of its pool
+    spans = sorted((b.tensor.data_ptr(), b.tensor.data_ptr() + b.reserved_bytes) for b in blocks)
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans)), "blocks overlap"
+    for b in blocks:
+        b.release()
+    assert tiny.stats().bytes_in_use == 0 and tiny.leak_report() == []

@@ -23,9 +23,9 @@ SCRIPTS = st.lists(st.lists(OPS, min_size=5, max_size=60), min_size=2, max_size=
 
 def check_consistent(alloc: Allocator) -> None:
     with alloc._lock:  # an instant when no thread is inside the allocator
-        alloc._drain_locked()
+        alloc._collect_locked()
         in_use, count = collections.Counter[str](), collections.Counter[str]()
-        for rec in alloc._live.values():
+        for rec in alloc._live:
             in_use[rec.tier] += rec.reserved
             count[rec.tier] += 1
         for name, c in alloc._counters.items():

@@ -129,11 +129,11 @@ def test_overload_is_429_rate_limit_error(demo_model_dir: Callable[[str], Path])
         engine = server.state.router.pick("llama").engine
         hooks.hold()
         with ThreadPoolExecutor(2) as pool:
-            running = pool.submit(client.completions.create, model="llama", prompt="a",
-                                  max_tokens=2)
+            running = pool.submit(
+                client.completions.create, model="llama", prompt="a", max_tokens=2
+            )
             assert hooks.entered.wait(30)
-            queued = pool.submit(client.completions.create, model="llama", prompt="b",
-                                 max_tokens=2)
+            queued = pool.submit(client.completions.create, model="llama", prompt="b", max_tokens=2)
             while engine.num_waiting < 1:
                 assert not queued.done(), queued.exception()
                 threading.Event().wait(0.01)

@@ -31,10 +31,12 @@ def test_completion_matches_the_engine_and_reports_usage(
     assert result.usage.total_tokens == len(prompt_ids) + 7
     assert result.choices[0].finish_reason == "length"
     # greedy (temperature 0) is deterministic: same text through the API and from token ids
-    greedy = client.completions.create(model="llama", prompt="Hello there", max_tokens=6,
-                                       temperature=0)
-    by_ids = client.completions.create(model="llama", prompt=prompt_ids, max_tokens=6,
-                                       temperature=0)
+    greedy = client.completions.create(
+        model="llama", prompt="Hello there", max_tokens=6, temperature=0
+    )
+    by_ids = client.completions.create(
+        model="llama", prompt=prompt_ids, max_tokens=6, temperature=0
+    )
     assert greedy.choices[0].text == by_ids.choices[0].text
 
 

@@ -30,8 +30,7 @@ def _fastllm() -> list[str]:
 
 
 def _stream(url: str, started: threading.Barrier) -> tuple[int, list[str]]:
-    body = {"model": "llama-tiny", "prompt": "once upon a time", "max_tokens": 60,
-            "stream": True}
+    body = {"model": "llama-tiny", "prompt": "once upon a time", "max_tokens": 60, "stream": True}
     lines: list[str] = []
     with httpx.stream("POST", url, json=body, timeout=120) as response:
         for line in response.iter_lines():
@@ -48,11 +47,19 @@ def test_sigterm_drains_then_exits_zero(
     model = tmp_path / "llama-tiny"
     model.symlink_to(demo_model_dir("llama"), target_is_directory=True)
     port = _free_port()
-    env = {**os.environ, "FASTLLM_STORAGE_ENABLED": "false", "FASTLLM_ALERTS_ENABLED": "false",
-           "FASTLLM_DEVICE": "cpu", "FASTLLM_DRAIN_GRACE_S": "120"}
+    env = {
+        **os.environ,
+        "FASTLLM_STORAGE_ENABLED": "false",
+        "FASTLLM_ALERTS_ENABLED": "false",
+        "FASTLLM_DEVICE": "cpu",
+        "FASTLLM_DRAIN_GRACE_S": "120",
+    }
     proc = subprocess.Popen(
         [*_fastllm(), "serve", "--model", str(model), "--port", str(port)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -69,14 +76,18 @@ def test_sigterm_drains_then_exits_zero(
 
         started = threading.Barrier(NUM_IN_FLIGHT + 1)
         with ThreadPoolExecutor(NUM_IN_FLIGHT) as pool:
-            streams = [pool.submit(_stream, f"{base}/v1/completions", started)
-                       for _ in range(NUM_IN_FLIGHT)]
+            streams = [
+                pool.submit(_stream, f"{base}/v1/completions", started)
+                for _ in range(NUM_IN_FLIGHT)
+            ]
             started.wait(60)  # every stream has its first token: all are in flight
             proc.send_signal(signal.SIGTERM)
             while httpx.get(f"{base}/ready").status_code != 503:
                 time.sleep(0.01)
-            refused = httpx.post(f"{base}/v1/completions",
-                                 json={"model": "llama-tiny", "prompt": "x", "max_tokens": 2})
+            refused = httpx.post(
+                f"{base}/v1/completions",
+                json={"model": "llama-tiny", "prompt": "x", "max_tokens": 2},
+            )
             assert refused.status_code == 503 and "Retry-After" in refused.headers
             results = [stream.result(120) for stream in streams]
         for status, lines in results:

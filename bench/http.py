@@ -1,0 +1,206 @@
+"""What the HTTP server costs on top of the engine: one workload, two paths, same run.
+
+    python -m bench.http [--quick] [--model DIR] [--device cpu|cuda]
+
+The workload is C concurrent streams (C = 32 and 64), each a greedy completion of the same prompt
+with a fixed max_tokens, so both paths produce identical tokens. Path "engine": an in-process
+Engine, each stream an `async for` over its RequestHandle. Path "http": `fastllm serve` in a
+subprocess (telemetry, storage and alerts off: the server alone is measured), each stream an SSE
+request from an async httpx client. Rounds alternate between the paths and the best round of
+each is kept (the least noisy estimate on a shared machine).
+
+    server_overhead_pct = (http wall time per token / engine wall time per token - 1) * 100
+
+The last line is one JSON object; the target is <= 10% per concurrency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from runtime.engine import Engine, EngineConfig
+from runtime.request import GenerationRequest
+from runtime.sampling import SamplingParams
+
+TARGET_PCT = 10.0
+PROMPT = "The quick brown fox jumps over the lazy dog and then"
+
+
+def engine_config(model: Path, device: str, max_num_seqs: int) -> EngineConfig:
+    return EngineConfig(
+        model_path=model,
+        model_name=model.name,
+        device=device,
+        max_num_seqs=max_num_seqs,
+        initial_num_seqs=max_num_seqs,
+        min_num_seqs=max_num_seqs,  # a fixed batch cap: the policy must not differ between paths
+    )
+
+
+async def engine_round(engine: Engine, prompt_ids: list[int], streams: int, tokens: int) -> tuple:
+    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+
+    async def one(i: int) -> int:
+        handle = engine.submit(
+            GenerationRequest(f"bench-{time.monotonic_ns()}-{i}", prompt_ids, params)
+        )
+        count = 0
+        async for out in handle:
+            count += len(out.token_ids)
+        return count
+
+    start = time.perf_counter()
+    counts = await asyncio.gather(*(one(i) for i in range(streams)))
+    return time.perf_counter() - start, sum(counts)
+
+
+async def http_round(url: str, model: str, streams: int, tokens: int) -> tuple:
+    body = {
+        "model": model,
+        "prompt": PROMPT,
+        "max_tokens": tokens,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
+    limits = httpx.Limits(max_connections=streams, max_keepalive_connections=streams)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=600) as client:
+
+        async def one() -> int:
+            last = ""
+            async with client.stream("POST", "/v1/completions", json=body) as response:
+                response.raise_for_status()
+                async for line in response.aiter_lines():
+                    if line.startswith("data: {"):
+                        last = line
+            return int(json.loads(last[len("data: ") :])["usage"]["completion_tokens"])
+
+        start = time.perf_counter()
+        counts = await asyncio.gather(*(one() for _ in range(streams)))
+        return time.perf_counter() - start, sum(counts)
+
+
+def start_server(model: Path, device: str, max_num_seqs: int) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {
+        **os.environ,
+        "FASTLLM_DEVICE": device,
+        "FASTLLM_MAX_NUM_SEQS": str(max_num_seqs),
+        "FASTLLM_INITIAL_NUM_SEQS": str(max_num_seqs),
+        "FASTLLM_MIN_NUM_SEQS": str(max_num_seqs),
+        "FASTLLM_METRICS_ENABLED": "false",
+        "FASTLLM_TRACING_ENABLED": "false",
+        "FASTLLM_STORAGE_ENABLED": "false",
+        "FASTLLM_ALERTS_ENABLED": "false",
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "runtime",
+        "serve",
+        "--model",
+        str(model),
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/ready").status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("server did not become ready")
+
+
+def ensure_model(path: str | None) -> Path:
+    if path:
+        return Path(path)
+    default = Path("demo-models/llama-tiny")
+    if (default / "config.json").exists():
+        return default
+    from runtime.models.demo import make_demo_model
+
+    return make_demo_model(Path(tempfile.mkdtemp()) / "llama-tiny", arch="llama")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer tokens and rounds")
+    parser.add_argument("--model", default=None, help="checkpoint dir (default: the demo llama)")
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    tokens, rounds = (16, 2) if args.quick else (64, 3)
+    model = ensure_model(args.model)
+    concurrencies = (32, 64)
+    engine = Engine(engine_config(model, args.device, max(concurrencies)))
+    engine.load()
+    engine.start()
+    prompt_ids = engine.tokenizer.encode(PROMPT)
+    proc, url = start_server(model, args.device, max(concurrencies))
+    results: dict[str, dict[str, float]] = {}
+    try:
+        asyncio.run(engine_round(engine, prompt_ids, 8, 4))  # warm both paths up
+        asyncio.run(http_round(url, model.name, 8, 4))
+        for streams in concurrencies:
+            best = {"engine": float("inf"), "http": float("inf")}
+            for _ in range(rounds):
+                for path in ("engine", "http"):
+                    if path == "engine":
+                        wall, n = asyncio.run(engine_round(engine, prompt_ids, streams, tokens))
+                    else:
+                        wall, n = asyncio.run(http_round(url, model.name, streams, tokens))
+                    assert n == streams * tokens, f"{path}: {n} tokens, expected {streams * tokens}"
+                    best[path] = min(best[path], wall / n)
+            pct = (best["http"] / best["engine"] - 1.0) * 100.0
+            results[str(streams)] = {
+                "engine_ms_per_token": round(best["engine"] * 1e3, 4),
+                "http_ms_per_token": round(best["http"] * 1e3, 4),
+                "server_overhead_pct": round(pct, 2),
+            }
+            print(
+                f"{streams} streams: engine {best['engine'] * 1e3:.3f} ms/token, "
+                f"http {best['http'] * 1e3:.3f} ms/token, overhead {pct:+.1f}%",
+                flush=True,
+            )
+    finally:
+        proc.terminate()
+        proc.wait(60)
+        engine.shutdown(0.0)
+    summary = {
+        "bench": "http",
+        "model": model.name,
+        "device": args.device,
+        "max_tokens": tokens,
+        "server_overhead_pct": {k: v["server_overhead_pct"] for k, v in results.items()},
+        "details": results,
+        "target_pct": TARGET_PCT,
+        "meets_target": all(v["server_overhead_pct"] <= TARGET_PCT for v in results.values()),
+    }
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
