@@ -39,9 +39,10 @@ lint: setup-test
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy runtime monitoring storage alerts
 
+# each benchmark prints a ratio against a reference measured in the same run; last line is JSON
+BENCHES ?= allocator generate serving http telemetry storage soak
 bench: setup-test
-	$(BIN)/python -m bench.generate --quick
-	$(BIN)/python -m bench.allocator --quick
+	@for b in $(BENCHES); do echo "== bench.$$b"; $(BIN)/python -m bench.$$b --quick || exit 1; done
 
 dashboards: setup
 	$(BIN)/fastllm dashboards build

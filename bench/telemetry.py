@@ -1,8 +1,9 @@
 """Cost of telemetry: the serving workload with metrics + tracing on vs off, same run.
 
-    python -m bench.telemetry [--quick] [--rounds N] [--threads N] [--cache-dir DIR]
+    python -m bench.telemetry [--quick] [--rounds N] [--size small|tiny] [--threads N]
 
-Workload: bench.serving's (the `small` llama, 32 concurrent streams; --quick: the short requests),
+Workload: bench.serving's (the `small` llama, 32 concurrent streams; --quick: the short requests;
+--size tiny: the tiny llama, whose millisecond steps make telemetry's share a worst case),
 all submitted at once and awaited, on two engines sharing one loaded model:
 - off: no sink at all (the engine skips even its allocator stats);
 - on: a PrometheusSink from `create_monitoring` on a fresh registry plus a TracingSink on a
@@ -52,19 +53,20 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="short requests, 3 rounds (< 2 min)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds per mode (default 5)")
+    parser.add_argument("--size", choices=("small", "tiny"), default="small", help="demo llama")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
     args = parser.parse_args(argv)
     rounds = args.rounds or (3 if args.quick else 5)
     torch.set_num_threads(args.threads)
-    path = args.cache_dir / "llama-small-seed0"
+    path = args.cache_dir / f"llama-{args.size}-seed0"
     if not (path / "config.json").is_file():
-        print(f"building the small llama under {path}", file=sys.stderr)
-        make_demo_model(path, arch="llama", size="small", seed=0, progress=True)
+        print(f"building the {args.size} llama under {path}", file=sys.stderr)
+        make_demo_model(path, arch="llama", size=args.size, seed=0, progress=True)
 
     config = EngineConfig(
         model_path=path,
-        model_name="small",
+        model_name=args.size,
         device="cpu",
         max_num_seqs=STREAMS,
         initial_num_seqs=STREAMS,
@@ -113,6 +115,7 @@ def main(argv: list[str] | None = None) -> None:
         **telemetry.metric_samples(),
         "rounds": rounds,
         "streams": STREAMS,
+        "model": args.size,
         "quick": args.quick,
     }
     if report["telemetry_overhead_pct"] > TARGET_PCT:

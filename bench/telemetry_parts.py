@@ -129,7 +129,8 @@ class RoundResult:
 def run_round(engine: Engine, inst: Instrumented | None, tag: str, *, quick: bool) -> RoundResult:
     """The serving workload once, all requests at once; with `inst`, each request's span is
     opened before submit (as the server does) and the round ends with spans flushed and a scrape."""
-    work = make_workload(STREAMS, quick=quick)
+    vocab_size = min(1000, engine.loaded.args.vocab_size)  # the serving ids, when they fit
+    work = make_workload(STREAMS, quick=quick, vocab_size=vocab_size)
     caller_s = 0.0  # this thread's CPU in telemetry calls
     sink_s0 = inst.sink.cpu_s if inst else 0.0
     exporter_s0 = thread_cpu_s(EXPORTER_THREAD_PREFIX) if inst else 0.0

@@ -30,7 +30,13 @@ def _fastllm() -> list[str]:
 
 
 def _stream(url: str, started: threading.Barrier) -> tuple[int, list[str]]:
-    body = {"model": "llama-tiny", "prompt": "once upon a time", "max_tokens": 60, "stream": True}
+    body = {
+        "model": "llama-tiny",
+        "prompt": "once upon a time",
+        "max_tokens": 60,
+        "ignore_eos": True,  # the random model may draw eos early: run every stream to the end
+        "stream": True,
+    }
     lines: list[str] = []
     with httpx.stream("POST", url, json=body, timeout=120) as response:
         for line in response.iter_lines():
