@@ -130,10 +130,12 @@ def test_overload_is_429_rate_limit_error(demo_model_dir: Callable[[str], Path])
         hooks.hold()
         with ThreadPoolExecutor(2) as pool:
             running = pool.submit(
-                client.completions.create, model="llama", prompt="a", max_tokens=2
+                client.completions.create, model="llama", prompt="a", max_tokens=2, temperature=0
             )
             assert hooks.entered.wait(30)
-            queued = pool.submit(client.completions.create, model="llama", prompt="b", max_tokens=2)
+            queued = pool.submit(
+                client.completions.create, model="llama", prompt="b", max_tokens=2, temperature=0
+            )
             while engine.num_waiting < 1:
                 assert not queued.done(), queued.exception()
                 threading.Event().wait(0.01)

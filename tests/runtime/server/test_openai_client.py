@@ -42,7 +42,9 @@ def test_completion_matches_the_engine_and_reports_usage(
 
 def test_chat_uses_the_chat_template(client: openai.OpenAI, served: LiveServer) -> None:
     messages = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi"}]
-    result = client.chat.completions.create(model="llama", messages=messages, max_tokens=5)
+    result = client.chat.completions.create(
+        model="llama", messages=messages, max_tokens=5, temperature=0
+    )
     tokenizer = served.state.router.pick("llama").engine.tokenizer
     expected_prompt = len(tokenizer.encode(tokenizer.apply_chat_template(messages)))
     assert result.object == "chat.completion"
@@ -75,7 +77,11 @@ def test_streaming_chat_with_usage_chunk(client: openai.OpenAI) -> None:
 
 
 def test_streaming_completion_without_usage(client: openai.OpenAI) -> None:
-    chunks = list(client.completions.create(model="llama", prompt="a", max_tokens=4, stream=True))
+    chunks = list(
+        client.completions.create(
+            model="llama", prompt="a", max_tokens=4, temperature=0, stream=True
+        )
+    )
     assert all(c.usage is None for c in chunks)
     assert chunks[-1].choices[0].finish_reason == "length"
 

@@ -1,0 +1,102 @@
+"""Issue 8, end to end in the embedded default: the runtime evaluates alerts/rules/fastllm.rules.yml
+itself (windows shortened by `alerts_time_scale`) while serving a steady load. With the debug
+block leak on, FastllmMemoryGrowth fires for the allocator, the local webhook receiver gets an
+Alertmanager-format payload and `alert_events` (SQLite) holds the transition; with the leak off
+and the same load over the same time, it does not fire.
+
+Sizing (the rule is not weakened, the clock is): at scale s every window and the predict_linear
+horizon are multiplied by s, so the rule fires when the 30m*s trend reaches fastllm_memory_total
+within 24h*s. With s = 0.005 that is a 432 s horizon; the allocator's total is kv_cache_bytes
+(16 MiB), so the leak must exceed 16 MiB / 432 s ~ 39 KB/s. LEAK_BLOCKS small blocks of 4 KiB
+(1024 fp32) per request at >= 1 request/s leak >= 262 KB/s, about 7x that. Without the leak the
+allocator only holds KV blocks that come and go (a sawtooth of ~32 KiB per running sequence),
+whose floor does not rise and whose trend is far below the total.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from storage.store import MetricStore
+from tests.fixtures.alertmanager import WebhookReceiver
+from tests.integration.support import SteadyLoad, live_runtime, runtime_settings
+
+ALERT = "FastllmMemoryGrowth"
+TIME_SCALE = 0.005  # 30m windows -> 9 s, for: 10m -> 3 s, horizon 24h -> 432 s
+OBSERVE_S = 20.0  # > 30m * scale (9 s) + for (3 s), with room for a slow shared CI box
+LEAK_BLOCKS = 64
+KV_CACHE_BYTES = 16 << 20
+
+
+def run(model_dir: Path, db: Path, webhook_url: str, *, leak: int, until_fired: bool) -> int:
+    """Serve a steady load for up to OBSERVE_S (less when `until_fired` and the alert fired);
+    returns how many requests succeeded."""
+    settings = runtime_settings(
+        model_dir,
+        storage_enabled=True,
+        database_url=f"sqlite:///{db}",
+        alerts_enabled=True,
+        alerts_interval_s=0.25,
+        alerts_time_scale=TIME_SCALE,
+        alerts_webhook_url=webhook_url,
+        kv_cache_bytes=KV_CACHE_BYTES,
+        debug_leak_blocks_per_request=leak,
+    )
+    with live_runtime(settings) as server:
+        load = SteadyLoad(server.url, num_clients=2).start()
+        store = MetricStore(f"sqlite:///{db}")
+        deadline = time.monotonic() + OBSERVE_S
+        try:
+            while time.monotonic() < deadline:
+                if until_fired and store.alert_events(alertname=ALERT, state="firing"):
+                    break
+                time.sleep(0.25)
+        finally:
+            load.stop()
+        assert load.failures == []
+        leaked = server.state.engines[0].allocator_stats().bytes_in_use
+        assert (leaked > 0) == (leak > 0)  # the debug setting reached the engine (or did not)
+        return load.num_ok
+
+
+def test_memory_growth_fires_with_a_leak(
+    demo_model_dir: Callable[[str], Path], tmp_path: Path, webhook_receiver: WebhookReceiver
+) -> None:
+    db = tmp_path / "leak.db"
+    num_ok = run(demo_model_dir("llama"), db, webhook_receiver.url, leak=LEAK_BLOCKS, until_fired=True)
+    assert num_ok > 0
+
+    events = MetricStore(f"sqlite:///{db}").alert_events(alertname=ALERT)
+    states = [(e.state, e.labels.get("type")) for e in events]
+    assert ("pending", "allocator") in states and ("firing", "allocator") in states, states
+    assert states.index(("pending", "allocator")) < states.index(("firing", "allocator"))
+
+    def has_firing(payloads: list) -> bool:
+        return any(
+            a.status == "firing" and a.labels.get("alertname") == ALERT
+            for p in payloads
+            for a in p.alerts
+        )
+
+    payloads = webhook_receiver.wait_for(has_firing, timeout_s=15)
+    alert = next(a for p in payloads for a in p.alerts if a.labels.get("alertname") == ALERT)
+    assert alert.labels["type"] == "allocator" and alert.labels["severity"] == "warning"
+    assert alert.annotations["runbook_url"].endswith("docs/runbooks.md#fastllmmemorygrowth")
+    assert alert.fingerprint == events[-1].fingerprint
+    assert all(p.version == "4" for p in payloads)
+
+
+def test_memory_growth_stays_quiet_without_a_leak(
+    demo_model_dir: Callable[[str], Path], tmp_path: Path, webhook_receiver: WebhookReceiver
+) -> None:
+    db = tmp_path / "steady.db"
+    num_ok = run(demo_model_dir("llama"), db, webhook_receiver.url, leak=0, until_fired=False)
+    assert num_ok > 0
+    store = MetricStore(f"sqlite:///{db}")
+    assert store.alert_events(alertname=ALERT) == []
+    # the evaluator did run: it sampled the allocator's memory all along
+    assert len(store.samples("fastllm_memory_usage", labels=None)) > 0
+    notified = [a.labels["alertname"] for p in webhook_receiver.payloads for a in p.alerts]
+    assert ALERT not in notified
