@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -21,7 +21,7 @@ from bench.serving_parts import make_workload
 from runtime.allocator import Allocator, AllocatorConfig
 from runtime.engine import Engine, EngineConfig
 from runtime.request import GenerationRequest, RequestHandle
-from runtime.stats import AllocatorStats, RequestStats, StepStats, VerificationResult
+from runtime.stats import AllocatorStats, FanOut, RequestStats, StepStats, VerificationResult
 
 PROMPT_LENS = (8, 512)  # tokens, inclusive
 NEW_TOKENS = (1, 64)
@@ -49,7 +49,8 @@ class SoakFigures:
     live_blocks_after_drain: int
     leaks: int  # allocator blocks reclaimed by the finaliser (dropped unreleased)
     failed_requests: int
-    seconds: float
+    seconds: float  # wall clock of the workload
+    cpu_seconds: float  # process CPU time of the workload (all threads)
 
 
 def fluctuation_pct(values: Sequence[float]) -> float:
@@ -74,8 +75,9 @@ class SamplingSink:
     """A StatsSink that samples memory every `interval` finished requests. It runs on the engine
     thread after a step's update and before the next schedule: between steps, no forward live."""
 
-    def __init__(self, interval: int) -> None:
+    def __init__(self, interval: int, on_sample: Callable[[], object] | None = None) -> None:
         self.interval = interval
+        self.on_sample = on_sample  # e.g. a /metrics scrape (--telemetry)
         self.samples: list[MemorySample] = []
         self.num_finished = 0
         self.num_failed = 0
@@ -92,6 +94,8 @@ class SamplingSink:
         self.num_failed += sum(r.failure_reason is not None for r in finished)
         if step is None or step.allocator is None or self.num_finished < self._next_at:
             return
+        if self.on_sample is not None:
+            self.on_sample()
         self.samples.append(sample(self.num_finished, self._process, step.allocator))
         while self._next_at <= self.num_finished:
             self._next_at += self.interval
@@ -107,10 +111,18 @@ def sample(num_requests: int, process: psutil.Process, stats: AllocatorStats) ->
     )
 
 
-def drive(engine: Engine, num_requests: int, *, vocab_size: int, seed: int) -> None:
+def drive(
+    engine: Engine,
+    num_requests: int,
+    *,
+    vocab_size: int,
+    seed: int,
+    on_submit: Callable[[str, int], None] | None = None,
+) -> None:
     """Batches of 1..MAX_BATCH requests; batch b+1 is submitted before batch b is awaited, so
     the engine never idles and the running mix keeps changing. Prompts are drawn per batch (a
-    100k-request workload held up front would itself grow the RSS being measured)."""
+    100k-request workload held up front would itself grow the RSS being measured).
+    `on_submit(request_id, max_tokens)` runs just before each submit (the server's span start)."""
     rng = random.Random(seed)
     done = batch_index = 0
     pending: list[RequestHandle] = []
@@ -128,6 +140,8 @@ def drive(engine: Engine, num_requests: int, *, vocab_size: int, seed: int) -> N
             )
             for j, (prompt, n) in enumerate(zip(work.prompts, work.new_tokens, strict=True)):
                 request = GenerationRequest(f"s{done + j}", prompt, greedy(n))
+                if on_submit is not None:
+                    on_submit(request.request_id, n)
                 handles.append(engine.submit(request))
             done, batch_index = done + k, batch_index + 1
         for handle in pending:
@@ -137,7 +151,13 @@ def drive(engine: Engine, num_requests: int, *, vocab_size: int, seed: int) -> N
 
 
 def run_soak(
-    model_path: Path, num_requests: int, *, pooled: bool, interval: int, seed: int = 0
+    model_path: Path,
+    num_requests: int,
+    *,
+    pooled: bool,
+    interval: int,
+    seed: int = 0,
+    telemetry: bool = False,
 ) -> tuple[list[MemorySample], SoakFigures]:
     allocator = Allocator(AllocatorConfig() if pooled else UNPOOLED, device="cpu")
     sink = SamplingSink(interval)
@@ -152,12 +172,27 @@ def run_soak(
         min_num_seqs=64,
         initial_num_seqs=64,
     )
-    engine = Engine(config, sink, allocator=allocator)
+    fanout = FanOut([sink])
+    engine = Engine(config, fanout, allocator=allocator)
     engine.load()
-    start = time.perf_counter()
-    drive(engine, num_requests, vocab_size=engine.loaded.args.vocab_size, seed=seed)
+    on_submit, monitoring = None, None
+    if telemetry:
+        from bench.soak_telemetry import attach_telemetry, span_starter
+
+        monitoring = attach_telemetry(engine, fanout, model_path)
+        sink.on_sample, on_submit = monitoring.render, span_starter(monitoring, config.model_name)
+    start, cpu_start = time.perf_counter(), time.process_time()
+    drive(
+        engine,
+        num_requests,
+        vocab_size=engine.loaded.args.vocab_size,
+        seed=seed,
+        on_submit=on_submit,
+    )
     engine.shutdown(drain_timeout_s=30)
-    seconds = time.perf_counter() - start
+    if monitoring is not None:
+        monitoring.shutdown()
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     allocator.collect()
     final = allocator.stats()
     return sink.samples, summarize(
@@ -167,6 +202,7 @@ def run_soak(
         leaks=sum(t.leaks for t in final.tiers),
         failed_requests=sink.num_failed,
         seconds=seconds,
+        cpu_seconds=cpu_seconds,
     )
 
 
@@ -178,6 +214,7 @@ def summarize(
     leaks: int,
     failed_requests: int,
     seconds: float,
+    cpu_seconds: float = 0.0,
 ) -> SoakFigures:
     kept = after_warmup(samples, num_requests)
     if len(kept) < 2:
@@ -194,6 +231,7 @@ def summarize(
         leaks=leaks,
         failed_requests=failed_requests,
         seconds=round(seconds, 1),
+        cpu_seconds=round(cpu_seconds, 1),
     )
 
 

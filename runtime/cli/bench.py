@@ -1,7 +1,8 @@
 """`fastllm bench NAME [--quick]`: run one of the repository's benchmarks (bench/NAME.py).
 
 Benchmarks live in the repository (not the installed package) because they compare against
-reference implementations (transformers, torch.empty, ...) in the same run; run this from a checkout.
+reference implementations (transformers, torch.empty, ...) in the same run: run it from a
+checkout.
 """
 
 from __future__ import annotations
@@ -30,6 +31,6 @@ def command(name: str, quick: bool, extra: tuple[str, ...]) -> None:
       fastllm bench soak --requests 100000
     """
     if not (Path.cwd() / "bench" / f"{name}.py").is_file():
-        raise ConfigError(f"bench/{name}.py not found: run `fastllm bench` from a repository checkout")
+        raise ConfigError(f"bench/{name}.py not found: run `fastllm bench` from a checkout")
     args = [sys.executable, "-m", f"bench.{name}", *(["--quick"] if quick else []), *extra]
     sys.exit(subprocess.call(args))

@@ -169,7 +169,22 @@ def attach_alerts(state: ServerState) -> None:
         from storage.store import MetricStore
 
         metric_store = MetricStore(state.writer.engine)
+        # the evaluator's first tick comes at once: migrate before any start hook runs, else it
+        # races the writer's drain thread (which still retries when the database is down)
+        state.on_start.insert(0, _migrate_quietly(state.writer.engine))
     source = RegistrySource(state.registry, instance=f"{settings.host}:{settings.port}")
     evaluator = build_evaluator(settings, source, metric_store=metric_store)
     state.on_start.append(evaluator.start)
     state.on_stop.append(evaluator.stop)
+
+
+def _migrate_quietly(engine: Any) -> Callable[[], None]:
+    def migrate() -> None:
+        from storage.db import upgrade
+
+        try:
+            upgrade(engine)
+        except Exception as exc:  # database down at start: the writer's drain thread retries
+            log.warning("cannot migrate the database yet: %s", exc)
+
+    return migrate

@@ -15,6 +15,7 @@ whose floor does not rise and whose trend is far below the total.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,9 +26,10 @@ from tests.integration.support import SteadyLoad, live_runtime, runtime_settings
 
 ALERT = "FastllmMemoryGrowth"
 TIME_SCALE = 0.005  # 30m windows -> 9 s, for: 10m -> 3 s, horizon 24h -> 432 s
-OBSERVE_S = 20.0  # > 30m * scale (9 s) + for (3 s), with room for a slow shared CI box
+OBSERVE_S = 24.0  # > 30m * scale (9 s) + for (3 s), with room for a slow shared CI box
 LEAK_BLOCKS = 64
 KV_CACHE_BYTES = 16 << 20
+UTILIZATION_ALERTS = {"FastllmDeviceUtilizationLow", "FastllmDeviceUtilizationHigh"}
 
 
 def run(model_dir: Path, db: Path, webhook_url: str, *, leak: int, until_fired: bool) -> int:
@@ -44,7 +46,10 @@ def run(model_dir: Path, db: Path, webhook_url: str, *, leak: int, until_fired: 
         kv_cache_bytes=KV_CACHE_BYTES,
         debug_leak_blocks_per_request=leak,
     )
+    gc.collect()  # blocks an earlier engine of this process leaked go back to the shared allocator
     with live_runtime(settings) as server:
+        engine = server.state.engines[0]
+        baseline = engine.allocator_stats().bytes_in_use
         load = SteadyLoad(server.url, num_clients=2).start()
         store = MetricStore(f"sqlite:///{db}")
         deadline = time.monotonic() + OBSERVE_S
@@ -56,8 +61,12 @@ def run(model_dir: Path, db: Path, webhook_url: str, *, leak: int, until_fired: 
         finally:
             load.stop()
         assert load.failures == []
-        leaked = server.state.engines[0].allocator_stats().bytes_in_use
-        assert (leaked > 0) == (leak > 0)  # the debug setting reached the engine (or did not)
+        # the debug setting reached the engine: each request left `leak` blocks of 4 KiB behind
+        # (the allocator is process-wide, hence the baseline)
+        grown = engine.allocator_stats().bytes_in_use - baseline
+        assert grown >= leak * 4096 * (load.num_ok - 2)
+        if leak == 0:
+            assert grown < 4096 * 64 * 2  # at most the KV of the last two requests, being freed
         return load.num_ok
 
 
@@ -65,7 +74,9 @@ def test_memory_growth_fires_with_a_leak(
     demo_model_dir: Callable[[str], Path], tmp_path: Path, webhook_receiver: WebhookReceiver
 ) -> None:
     db = tmp_path / "leak.db"
-    num_ok = run(demo_model_dir("llama"), db, webhook_receiver.url, leak=LEAK_BLOCKS, until_fired=True)
+    num_ok = run(
+        demo_model_dir("llama"), db, webhook_receiver.url, leak=LEAK_BLOCKS, until_fired=True
+    )
     assert num_ok > 0
 
     events = MetricStore(f"sqlite:///{db}").alert_events(alertname=ALERT)
@@ -100,3 +111,7 @@ def test_memory_growth_stays_quiet_without_a_leak(
     assert len(store.samples("fastllm_memory_usage", labels=None)) > 0
     notified = [a.labels["alertname"] for p in webhook_receiver.payloads for a in p.alerts]
     assert ALERT not in notified
+    # Nothing else fires either, except the utilization band: at this scale its `for: 5m` is
+    # 1.5 s, which the idle start (model loading) or a saturated shared CPU can legitimately span.
+    fired = {e.alertname for e in store.alert_events(state="firing")}
+    assert fired <= UTILIZATION_ALERTS, fired

@@ -10,11 +10,16 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from openai.types import CompletionUsage
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 
 from monitoring.metrics import CONTRACT_METRIC_NAMES
 from tests.fixtures.prometheus import PromHandle, check_metrics
 from tests.integration.support import MODEL, live_runtime, runtime_settings
 
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 HISTOGRAMS = {
     "fastllm_batch_size",
     "fastllm_time_to_first_token_seconds",
@@ -27,7 +32,7 @@ HISTOGRAMS = {
 def short_load(client: openai.OpenAI) -> tuple[int, int, int]:
     """Completions and chats, plain and streamed; returns (requests, prompt, generated) tokens
     as the responses report them."""
-    usages = []
+    usages: list[CompletionUsage | None] = []
     for max_tokens in (3, 7):
         result = client.completions.create(model=MODEL, prompt="Hello there", max_tokens=max_tokens)
         usages.append(result.usage)
@@ -35,9 +40,12 @@ def short_load(client: openai.OpenAI) -> tuple[int, int, int]:
         model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=5
     )
     usages.append(chat.usage)
-    options = {"include_usage": True}
     stream = client.completions.create(
-        model=MODEL, prompt="Once", max_tokens=6, stream=True, stream_options=options
+        model=MODEL,
+        prompt="Once",
+        max_tokens=6,
+        stream=True,
+        stream_options={"include_usage": True},
     )
     usages.append([c.usage for c in stream if c.usage is not None][-1])
     chat_stream = client.chat.completions.create(
@@ -45,13 +53,14 @@ def short_load(client: openai.OpenAI) -> tuple[int, int, int]:
         messages=[{"role": "user", "content": "Count"}],
         max_tokens=4,
         stream=True,
-        stream_options=options,
+        stream_options={"include_usage": True},
     )
     usages.append([c.usage for c in chat_stream if c.usage is not None][-1])
-    assert all(u is not None for u in usages)
-    prompt = sum(u.prompt_tokens for u in usages)
-    generated = sum(u.completion_tokens for u in usages)
-    return len(usages), prompt, generated
+    known = [u for u in usages if u is not None]
+    assert len(known) == len(usages)
+    prompt = sum(u.prompt_tokens for u in known)
+    generated = sum(u.completion_tokens for u in known)
+    return len(known), prompt, generated
 
 
 def test_live_runtime_scrape(
@@ -59,8 +68,17 @@ def test_live_runtime_scrape(
 ) -> None:
     settings = runtime_settings(demo_model_dir("llama"))
     with live_runtime(settings) as server:
+        spans = InMemorySpanExporter()
+        server.state.monitoring.tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0, timeout=60)
         num_requests, prompt_tokens, generated_tokens = short_load(client)
+        traced = client.completions.create(
+            model=MODEL, prompt="Hi", max_tokens=2, extra_headers={"traceparent": TRACEPARENT}
+        )
+        assert traced.usage is not None
+        num_requests += 1
+        prompt_tokens += traced.usage.prompt_tokens
+        generated_tokens += traced.usage.completion_tokens
         invalid = httpx.post(
             f"{server.url}/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": -1}
         )
@@ -95,3 +113,11 @@ def test_live_runtime_scrape(
         assert others[0].value == 0
         e2e = prom.query(f"fastllm_e2e_request_latency_seconds_count{{{mv}}}")
         assert e2e[0].value == pytest.approx(num_requests)
+
+    # the incoming W3C traceparent became the parent of that request's SERVER span
+    server_spans = [s for s in spans.get_finished_spans() if s.kind == SpanKind.SERVER]
+    assert len(server_spans) == num_requests + 1  # the invalid request has its span too
+    children = [s for s in server_spans if s.parent is not None]
+    assert len(children) == 1 and children[0].parent is not None
+    assert f"{children[0].context.trace_id:032x}" == TRACEPARENT.split("-")[1]
+    assert f"{children[0].parent.span_id:016x}" == TRACEPARENT.split("-")[2]
