@@ -79,13 +79,16 @@ async def http_round(url: str, model: str, streams: int, tokens: int) -> tuple:
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=600) as client:
 
         async def one() -> int:
-            last = ""
+            # Like the engine path's consumer, read every chunk but decode only what is needed:
+            # the final usage event (a per-line split here would bill the client's parsing,
+            # which shares the CPU, to the server).
+            tail = b""
             async with client.stream("POST", "/v1/completions", json=body) as response:
                 response.raise_for_status()
-                async for line in response.aiter_lines():
-                    if line.startswith("data: {"):
-                        last = line
-            return int(json.loads(last[len("data: ") :])["usage"]["completion_tokens"])
+                async for data in response.aiter_raw():
+                    tail = (tail + data)[-4096:]
+            events = [e for e in tail.split(b"\n\n") if e.startswith(b"data: {")]
+            return int(json.loads(events[-1][len(b"data: ") :])["usage"]["completion_tokens"])
 
         start = time.perf_counter()
         counts = await asyncio.gather(*(one() for _ in range(streams)))

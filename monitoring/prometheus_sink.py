@@ -40,6 +40,10 @@ class BusyWindow:
             if self._first_ts is None:
                 self._first_ts = step.started_ts or (step.ts - step.busy_seconds)
             self._steps.append((step.ts, step.busy_seconds))
+            # prune here too: fraction() may never run (an NVML source wins), and one entry per
+            # step would otherwise grow without bound
+            while self._steps and self._steps[0][0] < step.ts - self.window_s:
+                self._steps.popleft()
 
     def fraction(self, now: float | None = None) -> float:
         now = time.time() if now is None else now

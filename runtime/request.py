@@ -2,7 +2,9 @@
 
 A `RequestHandle` is filled by the engine thread and read by any consumer: a blocking iterator for
 threads, an async iterator for asyncio (wake-ups are handed to the consumer's loop with
-`call_soon_threadsafe`, so the engine thread never touches a loop directly).
+`call_soon_threadsafe`, so the engine thread never touches a loop directly; one such call per loop
+wakes every handle that got output since the last one, so an engine step over 64 sequences costs
+one cross-thread wake-up, not 64).
 Iteration yields every `TokenOutput`, the last one with `finished_reason` or `error` set, and
 never raises; `result()` / `aresult()` join the stream and raise the error, if any.
 """
@@ -10,8 +12,8 @@ never raises; `result()` / `aresult()` join the stream and raise the error, if a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
@@ -71,8 +73,7 @@ class RequestHandle:
             self._lock.notify_all()
             waiters = list(self._waiters)
         for loop, event in waiters:
-            with contextlib.suppress(RuntimeError):  # a closed loop: nobody is listening
-                loop.call_soon_threadsafe(event.set)
+            _waker(loop).wake(event)
 
     @property
     def finished(self) -> bool:
@@ -94,6 +95,36 @@ class RequestHandle:
             yield output
             if output.is_final:
                 return
+
+    async def batches(self) -> AsyncIterator[list[TokenOutput]]:
+        """Like `async for`, but each wake-up yields every output already there (the last list
+        ends with the final output): a streaming consumer writes once per wake-up, not per token."""
+        if type(self).__aiter__ is not RequestHandle.__aiter__:  # a delegating subclass
+            async for output in self:
+                yield [output]
+            return
+        event = asyncio.Event()
+        entry = (asyncio.get_running_loop(), event)
+        with self._lock:
+            self._waiters.append(entry)
+        try:
+            while True:
+                with self._lock:
+                    outputs = list(self._outputs)
+                    self._outputs.clear()
+                    if not outputs and self._done:
+                        return  # another consumer took the final output
+                    if not outputs:
+                        event.clear()  # cleared under the lock: a push after this sets it again
+                if not outputs:
+                    await event.wait()
+                    continue
+                yield outputs
+                if outputs[-1].is_final:
+                    return
+        finally:
+            with self._lock:
+                self._waiters.remove(entry)
 
     async def __aiter__(self) -> AsyncIterator[TokenOutput]:
         event = asyncio.Event()
@@ -130,6 +161,47 @@ class RequestHandle:
             pass
         with self._lock:
             return _join(self.request_id, self._history)
+
+
+class _LoopWaker:
+    """Sets asyncio events on one loop from other threads with one `call_soon_threadsafe` per
+    batch: wakes that arrive before the loop ran the last one ride along with it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._pending: list[asyncio.Event] = []
+
+    def wake(self, event: asyncio.Event) -> None:
+        with self._lock:
+            self._pending.append(event)
+            if len(self._pending) > 1:
+                return  # a wake-up is already on its way
+        try:
+            self._loop.call_soon_threadsafe(self._fire)
+        except RuntimeError:  # a closed loop: nobody is listening
+            with self._lock:
+                self._pending.clear()
+
+    def _fire(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for event in pending:
+            event.set()
+
+
+_wakers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWaker] = (
+    weakref.WeakKeyDictionary()
+)
+_wakers_lock = threading.Lock()
+
+
+def _waker(loop: asyncio.AbstractEventLoop) -> _LoopWaker:
+    with _wakers_lock:
+        waker = _wakers.get(loop)
+        if waker is None:
+            waker = _wakers[loop] = _LoopWaker(loop)
+        return waker
 
 
 def _join(request_id: str, outputs: list[TokenOutput]) -> TokenOutput:

@@ -79,6 +79,10 @@ class BusyTracker:
         end = self._clock() if end is None else end
         with self._lock:
             self._intervals.append((end - seconds, end))
+            # prune on write as well: with an NVML source nobody may call fraction(), and one
+            # interval per engine step would otherwise accumulate forever
+            while self._intervals and self._intervals[0][1] <= end - self.window_s:
+                self._intervals.popleft()
 
     def fraction(self, now: float | None = None) -> float | None:
         """Busy share of [now - window, now]; a young tracker uses its age as the window."""

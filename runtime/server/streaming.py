@@ -73,16 +73,22 @@ async def token_events(
     try:
         if first is not None:
             yield sse(first)
-        async for out in handle:
-            prompt_tokens, completion_tokens = out.prompt_tokens, out.completion_tokens
-            error: FastllmError | None = out.error
-            if error is None and out.finished_reason == "cancelled":
+        # every output already there becomes one chunk (one write per wake-up, not per token;
+        # OpenAI clients take multi-token deltas)
+        async for outputs in handle.batches():
+            last = outputs[-1]
+            prompt_tokens, completion_tokens = last.prompt_tokens, last.completion_tokens
+            text = "".join([out.text for out in outputs])
+            error: FastllmError | None = last.error
+            if error is None and last.finished_reason == "cancelled":
                 error = RequestCancelled("the request was cancelled")
             if error is not None:
+                if text:
+                    yield sse(chunk(text, None))
                 yield sse(error_payload(error.message, error.error_type, code=error.code))
                 return
-            if out.text or out.finished_reason is not None:
-                yield sse(chunk(out.text, out.finished_reason))
+            if text or last.finished_reason is not None:
+                yield sse(chunk(text, last.finished_reason))
         if usage is not None:
             yield sse(usage(prompt_tokens, completion_tokens))
         yield DONE

@@ -20,6 +20,7 @@ from typing import Any
 from runtime.config import Settings
 from runtime.engine import Engine, EngineConfig
 from runtime.models.loader import resolve_device
+from runtime.replicas import ReplicaSet
 from runtime.router import Router
 from runtime.server.state import ServerState
 from runtime.stats import FanOut
@@ -30,7 +31,11 @@ log = logging.getLogger("fastllm.server")
 def build_router(settings: Settings, sink: FanOut) -> Router:
     """The served models: the main one (stable + optional canary) and an optional encoder."""
     router = Router()
-    stable = Engine(EngineConfig.from_settings(settings), sink=sink)
+    stable: Engine | ReplicaSet
+    if settings.num_replicas > 1:  # several engines behind one work-stealing front
+        stable = ReplicaSet.from_settings(settings, sink)
+    else:
+        stable = Engine(EngineConfig.from_settings(settings), sink=sink)
     canary = None
     if settings.canary_model_path is not None:
         config = EngineConfig.from_settings(
@@ -95,6 +100,9 @@ def attach_telemetry(state: ServerState) -> None:
     if settings.metrics_enabled:
         state.registry = monitoring.registry
         state.stats.add(monitoring.prometheus)
+        sets = [engine for _, _, engine in engines if isinstance(engine, ReplicaSet)]
+        if sets:  # fastllm_scheduler_steals_total follows the pools' cumulative steal counts
+            monitoring.prometheus.set_steals_source(lambda: sum(s.num_steals for s in sets))
     if settings.tracing_enabled:
         state.stats.add(monitoring.tracing)
         tracing = monitoring.tracing

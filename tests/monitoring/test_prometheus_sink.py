@@ -130,3 +130,11 @@ def test_allocator_source_fills_steps_without_allocator_stats(sink: PrometheusSi
     assert value(sink, "fastllm_allocator_events_total", tier="medium", event="release") == 6
     sink.record(step=syn.step(2, ts=2.0, allocator=syn.allocator_stats(5)))  # the step's own wins
     assert value(sink, "fastllm_allocator_events_total", tier="medium", event="release") == 10
+
+
+def test_busy_window_stays_bounded_when_nobody_reads_it() -> None:
+    # with an NVML source fraction() never runs: add() must prune on its own
+    window = BusyWindow(window_s=10.0)
+    for k in range(5_000):
+        window.add(syn.step(k, ts=1000.0 + 0.1 * k, busy_seconds=0.05))
+    assert len(window._steps) <= 101

@@ -77,3 +77,25 @@ def test_result_with_timeout_raises_when_unfinished_and_cancel_calls_back() -> N
     with pytest.raises(RequestTimeout):
         handle.result(timeout=0.01)
     assert handle.cancel() and cancelled == ["r"]
+
+
+def test_batches_drain_what_is_there_and_lose_nothing() -> None:
+    handle = RequestHandle("r")
+    for i in range(3):  # already there before the consumer runs: one batch
+        handle.push(out(i))
+    thread = produce(handle, 0, out(3))
+    thread.join()  # one more, pushed from another thread
+
+    async def consume() -> list[list[TokenOutput]]:
+        batches: list[list[TokenOutput]] = []
+        async for batch in handle.batches():
+            batches.append(batch)
+            if len(batches) == 1:  # the rest arrives from another thread while we wait
+                threads.append(produce(handle, 0, out(4, "stop")))
+        return batches
+
+    threads: list[threading.Thread] = []
+    batches = asyncio.run(consume())
+    threads[0].join()
+    assert [[o.token_ids[0] for o in batch] for batch in batches] == [[0, 1, 2, 3], [4]]
+    assert batches[-1][-1].finished_reason == "stop"

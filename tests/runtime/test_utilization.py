@@ -198,3 +198,14 @@ def test_nvml_closed_loop_settles_in_band() -> None:
         assert 0.7 <= statistics.median(tail) <= 0.8, ctl.stats().recent
     finally:
         src.close()
+
+
+def test_busy_tracker_stays_bounded_when_nobody_reads_it() -> None:
+    # with NVML as the controller's source nobody calls fraction(): add_busy must prune itself
+    now = [0.0]
+    tracker = BusyTracker(window_s=1.0, clock=lambda: now[0])
+    for _ in range(10_000):
+        now[0] += 0.01
+        tracker.add_busy(0.005)
+    assert len(tracker._intervals) <= 101
+    assert tracker.fraction() == pytest.approx(0.5, abs=0.01)

@@ -15,7 +15,14 @@ NUM_CLIENTS = 20
 
 
 async def _drop_after_two_events(client: httpx.AsyncClient, url: str) -> str:
-    body = {"model": "llama", "prompt": "tell me a long story", "max_tokens": 1500, "stream": True}
+    # ignore_eos: a random-weight model may draw end-of-text early; the stream must still be going
+    body = {
+        "model": "llama",
+        "prompt": "tell me a long story",
+        "max_tokens": 1500,
+        "stream": True,
+        "ignore_eos": True,
+    }
     async with client.stream("POST", url, json=body) as response:
         assert response.status_code == 200
         events = []
