@@ -34,6 +34,7 @@ class RecordingSink:
         self.lock = threading.Lock()
         self.steps: list[StepStats] = []
         self.finished: list[RequestStats] = []
+        self.verified: list[VerificationResult] = []
 
     def record(
         self,
@@ -45,10 +46,18 @@ class RecordingSink:
             if step is not None:
                 self.steps.append(step)
             self.finished.extend(finished)
+            self.verified.extend(verified)
 
     def by_id(self) -> dict[str, RequestStats]:
         with self.lock:
             return {r.request_id: r for r in self.finished}
+
+    def by_op(self) -> dict[str, list[VerificationResult]]:
+        out: dict[str, list[VerificationResult]] = {}
+        with self.lock:
+            for v in self.verified:
+                out.setdefault(v.op, []).append(v)
+        return out
 
 
 class ModelHooks:

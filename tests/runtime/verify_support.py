@@ -3,7 +3,6 @@ sink, and faulty kernels that corrupt a fraction of their outputs the way a brok
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,34 +15,12 @@ from runtime.engine import Engine, EngineConfig
 from runtime.models.loader import load_model
 from runtime.request import GenerationRequest, TokenOutput
 from runtime.sampling import SamplingParams
-from runtime.stats import FanOut, RequestStats, StatsSink, StepStats, VerificationResult
+from runtime.stats import FanOut, StatsSink
 from runtime.verify import Verifier
+from tests.runtime.engine_support import RecordingSink
 
-
-class Recorder:
-    """A StatsSink keeping finished requests and verification results."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.finished: list[RequestStats] = []
-        self.verified: list[VerificationResult] = []
-
-    def record(
-        self,
-        step: StepStats | None = None,
-        finished: Sequence[RequestStats] = (),
-        verified: Sequence[VerificationResult] = (),
-    ) -> None:
-        with self.lock:
-            self.finished.extend(finished)
-            self.verified.extend(verified)
-
-    def by_op(self) -> dict[str, list[VerificationResult]]:
-        out: dict[str, list[VerificationResult]] = {}
-        with self.lock:
-            for v in self.verified:
-                out.setdefault(v.op, []).append(v)
-        return out
+# the recording sink of the engine tests keeps verification results too
+Recorder = RecordingSink
 
 
 def corrupting(kernel: Callable[..., Any], fraction: float = 0.05) -> Callable[..., Any]:
