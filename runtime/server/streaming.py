@@ -30,6 +30,18 @@ def sse(payload: dict[str, Any]) -> bytes:
 
 
 DONE = b"data: [DONE]\n\n"
+_MARKER = "\x00fastllm-text\x00"
+
+
+def text_event_builder(chunk: ChunkBuilder) -> Callable[[str], bytes]:
+    """`sse(chunk(text, None))` for a non-empty text, without building and encoding the whole
+    envelope per token: it is serialized once around a marker, and each event splices in the
+    JSON string of its text (the same bytes `sse` would give)."""
+    marker = json.dumps(_MARKER)
+    head, found, tail = sse(chunk(_MARKER, None)).partition(marker.encode())
+    if not found or marker.encode() in tail:  # the text is not one plain field: no shortcut
+        return lambda text: sse(chunk(text, None))
+    return lambda text: b"".join((head, json.dumps(text).encode(), tail))
 
 
 class EventStream(StreamingResponse):
@@ -70,6 +82,7 @@ async def token_events(
     """SSE bytes for one request's outputs. `first`: an opening chunk (chat's role delta);
     `usage`: builds the final usage-only chunk (stream_options.include_usage)."""
     prompt_tokens = completion_tokens = 0
+    text_event = text_event_builder(chunk)
     try:
         if first is not None:
             yield sse(first)
@@ -84,11 +97,13 @@ async def token_events(
                 error = RequestCancelled("the request was cancelled")
             if error is not None:
                 if text:
-                    yield sse(chunk(text, None))
+                    yield text_event(text)
                 yield sse(error_payload(error.message, error.error_type, code=error.code))
                 return
-            if text or last.finished_reason is not None:
+            if last.finished_reason is not None:
                 yield sse(chunk(text, last.finished_reason))
+            elif text:
+                yield text_event(text)
         if usage is not None:
             yield sse(usage(prompt_tokens, completion_tokens))
         yield DONE
