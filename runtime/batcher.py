@@ -87,10 +87,13 @@ class BatchPolicyConfig:
             raise ConfigError(f"interval_s must be > 0, got {self.interval_s}", param="interval_s")
 
     @classmethod
-    def from_settings(cls, settings: Any) -> BatchPolicyConfig:
-        """From runtime.config.Settings. `initial_num_seqs` is clamped into the bounds so that
-        lowering only `max_num_seqs` (say to 8) does not trip over the default initial of 16."""
-        lo, hi = settings.min_num_seqs, settings.max_num_seqs
+    def from_settings(cls, settings: Any, *, max_batch: int | None = None) -> BatchPolicyConfig:
+        """From runtime.config.Settings (or anything with its field names, e.g. EngineConfig).
+        `max_batch` overrides `max_num_seqs` (the engine caps it by its token budget); the lower
+        bound and `initial_num_seqs` are clamped into the bounds so that lowering only the upper
+        bound (say to 8) does not trip over the default initial of 16."""
+        hi = settings.max_num_seqs if max_batch is None else max_batch
+        lo = min(settings.min_num_seqs, hi)
         return cls(
             min_util=settings.min_util,
             max_util=settings.max_util,

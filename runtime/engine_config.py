@@ -78,18 +78,7 @@ class EngineConfig:
 
     @property
     def batch_policy(self) -> BatchPolicyConfig:
-        hi = self.effective_max_num_seqs
-        lo = min(self.min_num_seqs, hi)
-        return BatchPolicyConfig(
-            min_util=self.min_util,
-            max_util=self.max_util,
-            step_up=self.step_up,
-            step_down=self.step_down,
-            min_batch=lo,
-            max_batch=hi,
-            initial=min(hi, max(lo, self.initial_num_seqs)),
-            interval_s=self.control_interval_s,
-        )
+        return BatchPolicyConfig.from_settings(self, max_batch=self.effective_max_num_seqs)
 
     @property
     def scheduler(self) -> SchedulerConfig:

@@ -8,44 +8,17 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
-import sys
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 
+from tests.fixtures.ready import fastllm_command, free_port, wait_ready
+
 NUM_REQUESTS = 8
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _fastllm() -> list[str]:
-    script = Path(sys.executable).with_name("fastllm")
-    if script.exists():
-        return [str(script)]
-    return [sys.executable, "-c", "from runtime.cli import main; main()"]
-
-
-def _wait_ready(url: str, process: subprocess.Popen[bytes], timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "fastllm serve exited during startup"
-        try:
-            if httpx.get(f"{url}/ready", timeout=2.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError("fastllm serve did not become ready")
 
 
 def _complete(url: str, k: int) -> str:
@@ -63,7 +36,7 @@ def _complete(url: str, k: int) -> str:
 
 def test_sigterm_flushes_every_row(demo_model_dir: Callable[[str], Path], tmp_path: Path) -> None:
     db = tmp_path / "fastllm.db"
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ)
     env.update(
         FASTLLM_DATABASE_URL=f"sqlite:///{db}",
@@ -72,13 +45,20 @@ def test_sigterm_flushes_every_row(demo_model_dir: Callable[[str], Path], tmp_pa
         FASTLLM_MODEL_NAME="llama",
         FASTLLM_DRAIN_GRACE_S="10",
     )
-    command = [*_fastllm(), "serve", "--model", str(demo_model_dir("llama")), "--port", str(port)]
+    command = [
+        *fastllm_command(),
+        "serve",
+        "--model",
+        str(demo_model_dir("llama")),
+        "--port",
+        str(port),
+    ]
     log_path = tmp_path / "serve.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(url, process)
+        assert wait_ready(f"{url}/ready", process, 120.0), "fastllm serve did not become ready"
         with ThreadPoolExecutor(4) as pool:
             ids = list(pool.map(lambda k: _complete(url, k), range(NUM_REQUESTS)))
         process.send_signal(signal.SIGTERM)  # at once: the writer may still hold queued rows

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -15,18 +13,9 @@ from pathlib import Path
 
 import httpx
 
+from tests.fixtures.ready import fastllm_command, free_port, wait_ready
+
 NUM_IN_FLIGHT = 3
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _fastllm() -> list[str]:
-    script = Path(sys.executable).with_name("fastllm")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "runtime"]
 
 
 def _stream(url: str, started: threading.Barrier) -> tuple[int, list[str]]:
@@ -52,7 +41,7 @@ def test_sigterm_drains_then_exits_zero(
 ) -> None:
     model = tmp_path / "llama-tiny"
     model.symlink_to(demo_model_dir("llama"), target_is_directory=True)
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "FASTLLM_STORAGE_ENABLED": "false",
@@ -61,7 +50,7 @@ def test_sigterm_drains_then_exits_zero(
         "FASTLLM_DRAIN_GRACE_S": "120",
     }
     proc = subprocess.Popen(
-        [*_fastllm(), "serve", "--model", str(model), "--port", str(port)],
+        [*fastllm_command(), "serve", "--model", str(model), "--port", str(port)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -69,16 +58,9 @@ def test_sigterm_drains_then_exits_zero(
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-            assert time.monotonic() < deadline, "server never became ready"
-            try:
-                if httpx.get(f"{base}/ready").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
+        if not wait_ready(f"{base}/ready", proc, 120.0):
+            proc.kill()
+            raise AssertionError(f"server never became ready: {proc.communicate()[0]}")
 
         started = threading.Barrier(NUM_IN_FLIGHT + 1)
         with ThreadPoolExecutor(NUM_IN_FLIGHT) as pool:
