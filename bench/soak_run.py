@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -97,6 +98,13 @@ class SamplingSink:
         if self.on_sample is not None:
             self.on_sample()
         self.samples.append(sample(self.num_finished, self._process, step.allocator))
+        last = self.samples[-1]
+        print(  # progress: a long soak runs for an hour
+            f"soak: {last.num_requests} requests, RSS {last.rss_bytes / 2**20:.1f} MiB, "
+            f"live blocks {last.live_blocks}",
+            file=sys.stderr,
+            flush=True,
+        )
         while self._next_at <= self.num_finished:
             self._next_at += self.interval
 
