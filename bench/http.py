@@ -1,13 +1,17 @@
 """What the HTTP server costs on top of the engine: one workload, two paths, same run.
 
-    python -m bench.http [--quick] [--model DIR] [--device cpu|cuda]
+    python -m bench.http [--quick] [--model DIR] [--device cpu|cuda] [--cache-dir DIR]
 
-The workload is C concurrent streams (C = 32 and 64), each a greedy completion of the same prompt
-with a fixed max_tokens, so both paths produce identical tokens. Path "engine": an in-process
-Engine, each stream an `async for` over its RequestHandle. Path "http": `fastllm serve` in a
-subprocess (telemetry, storage and alerts off: the server alone is measured), each stream an SSE
-request from a lean asyncio-streams client. Rounds alternate between the paths and the best round of
-each is kept (the least noisy estimate on a shared machine).
+The model is the `small` llama (hidden 512, 8 layers, random weights), the benchmark model of the
+foundation issue, built under --cache-dir when absent; --model points at another checkpoint (e.g.
+the 2-layer demo llama, where a token costs the engine ~0.3 ms on CPU and the server's per-token
+work is a large share of it). The workload is C concurrent streams (C = 32 and 64), each a greedy
+completion of the same prompt with a fixed max_tokens, so both paths produce identical tokens.
+Path "engine": an in-process Engine, each stream an `async for` over its RequestHandle. Path
+"http": `fastllm serve` in a subprocess (telemetry, storage and alerts off: the server alone is
+measured), each stream an SSE request from a lean asyncio-streams client. Rounds alternate
+between the paths and the best round of each is kept (the least noisy estimate on a shared
+machine).
 
     server_overhead_pct = (http wall time per token / engine wall time per token - 1) * 100
 
@@ -24,7 +28,6 @@ import re
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -36,6 +39,7 @@ from runtime.sampling import SamplingParams
 
 TARGET_PCT = 10.0
 USAGE = re.compile(rb'"completion_tokens":(\d+)')
+DEFAULT_CACHE = Path(os.environ.get("FASTLLM_BENCH_CACHE", "/tmp/fastllm-bench"))
 PROMPT = "The quick brown fox jumps over the lazy dog and then"
 
 
@@ -152,25 +156,27 @@ def start_server(model: Path, device: str, max_num_seqs: int) -> tuple[subproces
     raise RuntimeError("server did not become ready")
 
 
-def ensure_model(path: str | None) -> Path:
+def ensure_model(path: str | None, cache_dir: Path) -> Path:
     if path:
         return Path(path)
-    default = Path("demo-models/llama-tiny")
-    if (default / "config.json").exists():
-        return default
-    from runtime.models.demo import make_demo_model
+    default = cache_dir / "llama-small-seed0"  # the same checkpoint bench.serving uses
+    if not (default / "config.json").exists():
+        from runtime.models.demo import make_demo_model
 
-    return make_demo_model(Path(tempfile.mkdtemp()) / "llama-tiny", arch="llama")
+        print(f"building the small llama under {default}", file=sys.stderr)
+        make_demo_model(default, arch="llama", size="small", seed=0, progress=True)
+    return default
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer tokens and rounds")
-    parser.add_argument("--model", default=None, help="checkpoint dir (default: the demo llama)")
+    parser.add_argument("--model", default=None, help="checkpoint dir (default: the small llama)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
     args = parser.parse_args()
-    tokens, rounds = (16, 4) if args.quick else (64, 3)
-    model = ensure_model(args.model)
+    tokens, rounds = (16, 3) if args.quick else (64, 3)
+    model = ensure_model(args.model, args.cache_dir)
     concurrencies = (32, 64)
     engine = Engine(engine_config(model, args.device, max(concurrencies)))
     engine.load()

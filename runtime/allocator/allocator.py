@@ -59,7 +59,7 @@ class Allocator:
         self._c_small, self._c_medium, self._c_large = self._counters.values()
         self._small = SmallSlabs(config, self.device, self._c_small)
         self._c_small.bytes_cached = self._small.total_bytes
-        self._medium = MediumCache(config.medium_cache_bytes)
+        self._medium = MediumCache(config.medium_cache_bytes, config.medium_class_bytes)
         self._live: set[_Slot] = set()  # slots handed out and not yet reclaimed
         self._pending: list[_Slot] = []  # every handle gone, an alias still alive
         self._dropped: deque[_Slot] = deque()  # a handle was dropped unreleased (from __del__)
@@ -68,7 +68,7 @@ class Allocator:
         self._small_max, self._medium_max = config.small_max_bytes, config.medium_max_bytes
         self._shift = config.min_block_shift
         self._free = self._small.free
-        self._medium_step_shift = config.medium_classes_per_doubling.bit_length() - 1
+        self._by_nbytes = self._medium.by_nbytes
 
     # --- alloc -------------------------------------------------------------------------------
     def alloc(self, shape: Sequence[int] | int, dtype: torch.dtype, *, owner: str) -> Block:
@@ -104,15 +104,15 @@ class Allocator:
                 lock.release()
             return self._small_miss(free, shape, dtype, nbytes, owner, born)
         if nbytes <= self._medium_max:
-            # the medium class: nbytes rounded up to a 1/classes_per_doubling step of its doubling
-            step = (1 << ((nbytes - 1).bit_length() - 1)) >> self._medium_step_shift
-            reserved = -(-nbytes // step) * step if step > 1 else nbytes
             lock, medium = self._lock, self._medium
             lock.acquire()
             try:
-                q = medium.by_class.get(reserved)
+                q = self._by_nbytes.get(nbytes)  # the class's list of cached backings
+                if q is None:  # a size not seen yet (or past the memo's bound)
+                    q = medium.queue_for(nbytes)
                 if q:  # hit: the latest cached backing of the class (MediumCache.take inlined)
                     slot = q.pop()
+                    reserved = slot.reserved
                     medium.cached_bytes -= reserved
                     if slot.shape != shape or slot.dtype is not dtype:
                         try:
@@ -131,7 +131,7 @@ class Allocator:
                     return Block(self, slot, slot.tensor, owner)  # type: ignore[arg-type]
             finally:
                 lock.release()
-            return self._medium_miss(shape, dtype, nbytes, reserved, owner, born)
+            return self._medium_miss(shape, dtype, nbytes, q, owner, born)
         return self._alloc_direct(self._c_large, shape, dtype, nbytes, owner, born)
 
     def _small_miss(
@@ -166,13 +166,14 @@ class Allocator:
         shape: tuple[int, ...],
         dtype: torch.dtype,
         nbytes: int,
-        reserved: int,
+        q: list[_Slot],
         owner: str,
         born: float,
     ) -> Block:
-        """No cached backing of the class: reclaim what became quiet, else fresh memory (cached
-        when its block is released)."""
+        """No cached backing in `q`, the class's list: reclaim what became quiet, else fresh
+        memory (cached when its block is released)."""
         lock, medium = self._lock, self._medium
+        reserved = self.config.medium_class_bytes(nbytes)
         if self._pending or self._dropped:
             self.collect()  # a miss: maybe a pending slot of this class is quiet by now
             with lock:
@@ -180,7 +181,7 @@ class Allocator:
                 if slot is not None:
                     return self._medium_hit(slot, shape, dtype, nbytes, owner, born)
         c = self._c_medium
-        slot = new_medium(c, reserved, self.device)
+        slot = new_medium(c, reserved, q, self.device)
         fit(slot, shape, dtype, self.device)
         with lock:
             c.misses += 1
@@ -247,7 +248,11 @@ class Allocator:
 
     def release(self, handle: Block | BlockView) -> None:
         """Release a block's base or one of its views; each handle exactly once."""
-        if getattr(handle, "_alloc", None) is not self:
+        try:
+            mine = handle._alloc is self
+        except AttributeError:  # not a handle at all
+            mine = False
+        if not mine:
             raise ForeignBlockError(f"{handle!r} was not allocated by this allocator")
         slot = handle._rec
         give_large_back = False
@@ -291,10 +296,7 @@ class Allocator:
                     c.bytes_cached += slot.reserved
                 else:  # a medium backing (MediumCache.put inlined)
                     medium = self._medium
-                    q = medium.by_class.get(slot.reserved)
-                    if q is None:
-                        q = medium.by_class[slot.reserved] = []
-                    q.append(slot)
+                    slot.mq.append(slot)  # type: ignore[union-attr]
                     medium.stamp = slot.lru_stamp = medium.stamp + 1
                     medium.cached_bytes += slot.reserved
                     if medium.cached_bytes > medium.cap_bytes:

@@ -48,6 +48,7 @@ class _Slot:
         "is_leaked",  # H: a handle was dropped unreleased
         "keep",  # M: what a storage over pool memory must pin (the small slab), else None
         "lru_stamp",  # M: when a cached medium slot came back (MediumCache's LRU order)
+        "mq",  # M: the MediumCache list of a medium slot's class; None for small and direct
         "nbytes",  # H: bytes of the requested tensor
         "num_handles",  # H: base + views neither released nor dropped
         "owner",  # H
@@ -66,6 +67,7 @@ class _Slot:
     is_direct: bool
     keep: torch.Tensor | None
     lru_stamp: int
+    mq: list[_Slot] | None
     ptr: int
     reserved: int
     tier: str
@@ -88,6 +90,7 @@ class _Slot:
     ) -> None:
         self.counters, self.tier, self.reserved = counters, counters.name, reserved
         self.home, self.is_direct, self.keep, self.ptr = home, is_direct, None, 0
+        self.mq = None
         self.storage = self.tensor = self.ref = self.shape = self.dtype = None
         self.cdata = self.s_refs = self.s_uses = self.lru_stamp = 0
         self.owner, self.born_s, self.nbytes, self.num_handles = "", 0.0, 0, 0

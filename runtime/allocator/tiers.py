@@ -89,12 +89,29 @@ class MediumCache:
     The LRU order across classes is a return stamp per slot: eviction (rare) looks at the head
     of each class's list, so the hot paths are two list operations and a counter."""
 
-    def __init__(self, cap_bytes: int) -> None:
+    MAX_MEMO = 4096  # distinct request sizes remembered by `by_nbytes`
+
+    def __init__(self, cap_bytes: int, class_of: Callable[[int], int]) -> None:
         self.cap_bytes = cap_bytes
         self.cached_bytes = 0
         self.stamp = 0  # bumped on every put; a slot's `lru_stamp` says when it came back
+        self.class_of = class_of  # request bytes -> class bytes (AllocatorConfig)
         # the allocator's hot paths inline take() and put(): keep them in step
         self.by_class: dict[int, list[_Slot]] = {}
+        # request bytes -> its class's list, so a hit costs one dict lookup instead of the class
+        # arithmetic; bounded (sizes past the bound take `queue_for`, which is only slower)
+        self.by_nbytes: dict[int, list[_Slot]] = {}
+
+    def queue_for(self, nbytes: int) -> list[_Slot]:
+        """The free list of the class that serves `nbytes` (created if new). Under the lock:
+        eviction iterates `by_class`."""
+        reserved = self.class_of(nbytes)
+        q = self.by_class.get(reserved)
+        if q is None:
+            q = self.by_class[reserved] = []
+        if len(self.by_nbytes) < self.MAX_MEMO:
+            self.by_nbytes[nbytes] = q
+        return q
 
     def take(self, class_bytes: int) -> _Slot | None:
         q = self.by_class.get(class_bytes)
@@ -105,10 +122,7 @@ class MediumCache:
 
     def put(self, slot: _Slot) -> int:
         """Cache a quiet slot (no alias left); returns how many slots were evicted."""
-        q = self.by_class.get(slot.reserved)
-        if q is None:
-            q = self.by_class[slot.reserved] = []
-        q.append(slot)
+        slot.mq.append(slot)  # type: ignore[union-attr]  # its class's list (`new_medium`)
         self.stamp = slot.lru_stamp = self.stamp + 1
         self.cached_bytes += slot.reserved
         return self.evict() if self.cached_bytes > self.cap_bytes else 0
@@ -139,9 +153,11 @@ def _empty_like_template(dtype: torch.dtype, device: torch.device) -> torch.Tens
     return t.new()
 
 
-def new_medium(c: TierCounters, reserved: int, device: torch.device) -> _Slot:
-    """A medium slot over fresh memory of `reserved` bytes (a miss)."""
+def new_medium(c: TierCounters, reserved: int, mq: list[_Slot], device: torch.device) -> _Slot:
+    """A medium slot over fresh memory of `reserved` bytes (a miss); `mq` is its class's list
+    in the MediumCache."""
     slot = _Slot(c, reserved, None, is_direct=False)
+    slot.mq = mq
     slot.storage = torch.empty(reserved, dtype=torch.uint8, device=device).untyped_storage()
     slot.ptr, slot.cdata = slot.storage.data_ptr(), slot.storage._cdata
     return slot

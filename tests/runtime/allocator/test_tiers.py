@@ -47,6 +47,23 @@ def test_medium_blocks_are_cached_and_reused_by_class(tiny: Allocator) -> None:
     second.release()
 
 
+def test_medium_sizes_past_the_memo_bound_still_share_their_class(
+    tiny: Allocator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the size -> class memo holds one entry; later sizes of the class take the slow lookup
+    monkeypatch.setattr(type(tiny._medium), "MAX_MEMO", 1)
+    first = tiny.alloc((300,), F32, owner="m")  # 1200 B -> 1280 B class, memoized
+    ptr = first.tensor.data_ptr()
+    first.release()
+    for n in (305, 310, 300):  # same class, not memoized except 300
+        b = tiny.alloc((n,), F32, owner="m")
+        assert b.tensor.data_ptr() == ptr and b.tensor.shape == (n,)
+        b.release()
+    m = tier(tiny, "medium")
+    assert (m.misses, m.hits, m.bytes_in_use) == (1, 3, 0)
+    assert len(tiny._medium.by_nbytes) == 1
+
+
 def test_medium_cache_evicts_least_recently_used_above_the_cap(tiny: Allocator) -> None:
     # cap 6000 B; 2048 B class x3 = 6144 > cap -> the oldest goes
     blocks = [tiny.alloc((512,), F32, owner=f"m{i}") for i in range(3)]
