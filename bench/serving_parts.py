@@ -157,3 +157,28 @@ def matmul_rate(
             torch.cuda.synchronize()
         best = min(best, time.perf_counter() - start)
     return gemm_flops([(max(m, 1), i, o) for m, i, o in shapes]) / best
+
+
+def ideal_matmul_seconds(
+    args: ModelArgs, steps: list[tuple[int, int]], device: torch.device, repeats: int = 3
+) -> float:
+    """How long torch's fp32 matmuls take on the GEMMs of these engine steps, each step at its own
+    shapes: `steps` is (tokens through the layers, rows through the lm_head) per step.
+
+    The matmul rate depends strongly on the row count (a 1024-token prefill chunk runs near the
+    machine's peak, a 32-row decode step well below it), so one rate at a mean shape misjudges
+    both. Steps are grouped by the power of two of their token count; each group's FLOPs are
+    timed at the group's mean shape."""
+    groups: dict[int, list[tuple[int, int]]] = {}
+    for tokens, sampled in steps:
+        groups.setdefault(tokens.bit_length(), []).append((tokens, sampled))
+    total = 0.0
+    for members in groups.values():
+        flops = sum(gemm_flops(gemms(args, t, s)) for t, s in members)
+        mean = gemms(
+            args,
+            round(statistics.fmean(t for t, _ in members)),
+            round(statistics.fmean(s for _, s in members)),
+        )
+        total += flops / matmul_rate(mean, device, repeats)
+    return total

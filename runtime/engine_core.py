@@ -180,6 +180,7 @@ class EngineCore:
                 num_seqs=len(batch.items),
                 num_prefill_tokens=batch.num_prefill_tokens,
                 num_decode_tokens=batch.num_decode_tokens,
+                num_sampled=sum(1 for token in sampled if token is not None),
                 busy_seconds=busy_s,
                 num_running=self.scheduler.num_running,
                 num_waiting=self.scheduler.num_waiting,

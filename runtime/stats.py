@@ -70,6 +70,7 @@ class StepStats:
     allocator: AllocatorStats | None = None
     model: str = ""
     version: str = ""
+    num_sampled: int = 0  # sequences that sampled a token (logits computed for these rows only)
 
 
 @dataclass

@@ -63,6 +63,7 @@ def test_request_and_step_stats(demo_model_dir) -> None:
     assert (last.num_running, last.num_waiting, last.model) == (0, 0, "tiny")
     assert all(s.busy_seconds > 0 and s.batch_size_limit >= 1 for s in sink.steps)
     assert sum(s.num_decode_tokens for s in sink.steps) == (3 + 4 + 5) - 3
+    assert sum(s.num_sampled for s in sink.steps) == 3 + 4 + 5  # one row per generated token
 
 
 @pytest.mark.timeout(120)
