@@ -62,6 +62,9 @@ class Settings(BaseSettings):
     allocator_medium_max_bytes: int = Field(10 << 20, ge=16, description="large tier: above this")
     allocator_small_blocks_per_class: int = Field(32, ge=0, description="preallocated per class")
     allocator_medium_cache_bytes: int = Field(256 << 20, ge=0, description="medium LRU cache cap")
+    heap_trim_interval_s: float = Field(
+        10.0, ge=0.0, description="return free heap pages to the OS this often (0: never)"
+    )
 
     # --- adaptive batch policy -----------------------------------------------------------------
     min_util: float = Field(0.6, ge=0.0, le=1.0)

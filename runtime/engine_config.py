@@ -33,6 +33,7 @@ class EngineConfig:
     step_down: float = 0.1
     control_interval_s: float = 1.0
     idle_wait_s: float = 0.05  # how long the loop sleeps when nothing can run (timeouts still fire)
+    heap_trim_interval_s: float = 10.0  # malloc_trim between steps at most this often; 0: never
     debug_leak_blocks_per_request: int = 0  # debug: allocator blocks leaked on purpose per request
 
     def __post_init__(self) -> None:
@@ -40,6 +41,8 @@ class EngineConfig:
             raise ConfigError("need 1 <= min_num_seqs <= max_num_seqs", param="max_num_seqs")
         if self.max_num_batched_tokens < 1 or self.max_queued_requests < 1:
             raise ConfigError("token budget and queue bound must be positive")
+        if self.heap_trim_interval_s < 0:
+            raise ConfigError("heap_trim_interval_s must be >= 0", param="heap_trim_interval_s")
         if self.request_timeout_s <= 0:
             raise ConfigError("request_timeout_s must be positive", param="request_timeout_s")
         self.batch_policy  # validates the band  # noqa: B018
@@ -66,6 +69,7 @@ class EngineConfig:
             "step_up": settings.step_up,
             "step_down": settings.step_down,
             "control_interval_s": settings.control_interval_s,
+            "heap_trim_interval_s": settings.heap_trim_interval_s,
             "debug_leak_blocks_per_request": settings.debug_leak_blocks_per_request,
         }
         fields.update(overrides)

@@ -21,6 +21,7 @@ from dataclasses import replace
 
 import torch
 
+from runtime.allocator.host_heap import HeapTrimmer
 from runtime.batcher import AdaptiveBatchController, BusyTracker
 from runtime.engine_config import EngineConfig
 from runtime.errors import EngineInternalError, FastllmError, RequestTimeout
@@ -60,6 +61,7 @@ class EngineCore:
         self.num_steps = 0
         self.num_preemptions = 0
         self.tokens_per_s = 0.0  # moving average of processed tokens / step wall time
+        self.trimmer = HeapTrimmer(config.heap_trim_interval_s)
         self._stop = False
         self._thread: threading.Thread | None = None
 
@@ -141,13 +143,15 @@ class EngineCore:
                     records, self.records = self.records, []
                     if not records:
                         self.lock.wait(self.config.idle_wait_s)
-                        continue
                 else:
                     self.in_flight = {item.seq.request_id for item in batch.items}
-            if batch.is_empty:
+            if not batch.is_empty:
+                self._step(batch, limit)
+            elif records:
                 self.emit(None, records)
-                continue
-            self._step(batch, limit)
+            # between steps and outside the lock: the heap's free pages back to the OS now and
+            # then, so RSS follows what is in use instead of the heap's fragmented high-water mark
+            self.trimmer.maybe_trim(time.monotonic())
 
     def _step(self, batch: SchedulerOutput, limit: int) -> None:
         started_ts, t0 = time.time(), time.perf_counter()

@@ -25,6 +25,7 @@ import torch
 from runtime.allocator.allocator import Allocator
 from runtime.allocator.block import Block, BlockView
 from runtime.allocator.config import LARGE, MEDIUM, SMALL, TIERS, AllocatorConfig
+from runtime.allocator.host_heap import HeapTrimmer, trim_host_heap
 from runtime.allocator.report import LeakEvent, LiveBlock
 
 __all__ = [
@@ -36,9 +37,11 @@ __all__ = [
     "AllocatorConfig",
     "Block",
     "BlockView",
+    "HeapTrimmer",
     "LeakEvent",
     "LiveBlock",
     "get_allocator",
+    "trim_host_heap",
 ]
 
 _per_device: dict[str, Allocator] = {}

@@ -6,8 +6,6 @@ under its lock, or on a slot no other thread can reach.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +14,7 @@ import torch
 
 from runtime.allocator.block import _Slot
 from runtime.allocator.config import AllocatorConfig
+from runtime.allocator.host_heap import trim_host_heap
 from runtime.stats import TierStats
 
 # A storage over existing memory that does not own it: each small slab slot gets one of these (a
@@ -256,22 +255,10 @@ def drop_memory(slot: _Slot) -> None:
     slot.shape = slot.dtype = None
 
 
-def _find_malloc_trim() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")
-    try:
-        fn = getattr(ctypes.CDLL(name), "malloc_trim", None)
-    except OSError:
-        return None
-    return fn  # type: ignore[no-any-return]
-
-
-_malloc_trim = _find_malloc_trim()
-
-
 def return_to_os(device: torch.device) -> None:
     """Hand freed large memory back: a dead tensor's memory sits in PyTorch's caching allocator
     (CUDA) or glibc's free lists (CPU, chunks below the dynamic mmap threshold) otherwise."""
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    elif device.type == "cpu" and _malloc_trim is not None:
-        _malloc_trim(0)
+    elif device.type == "cpu":
+        trim_host_heap()

@@ -112,3 +112,14 @@ def test_embed_on_a_causal_lm_is_an_invalid_request(demo_model_dir) -> None:
         engine.embed(["hi"])
     assert err.value.param == "model"
     engine.shutdown()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("interval_s", [1e-9, 0.0])
+def test_engine_loop_trims_the_heap_when_enabled(demo_model_dir, interval_s: float) -> None:
+    engine, _ = make_engine(demo_model_dir("llama"), heap_trim_interval_s=interval_s)
+    handles = [engine.submit(request(f"t{i}", [5, 6, 7], greedy(4))) for i in range(3)]
+    assert [h.result(timeout=60).completion_tokens for h in handles] == [4, 4, 4]
+    trims = engine._parts.core.trimmer.num_trims
+    engine.shutdown(drain_timeout_s=10)
+    assert (trims > 0) == (interval_s > 0)

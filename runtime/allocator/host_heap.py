@@ -1,0 +1,60 @@
+"""Give the process heap's free pages back to the OS now and then.
+
+The tiers cover the memory the engine asks for by name (KV, scratch); everything else (PyTorch's
+activations on CPU, Python objects, tokenizer buffers) comes from glibc malloc. Its free chunks in
+the middle of the heap stay resident: `free()` only trims the top, so as request shapes vary the
+heap climbs to a fragmented high-water mark and RSS stays there (the soak saw +3% over ~40k
+requests, then a plateau, with the bytes actually in use flat). `malloc_trim(0)` releases every
+whole free page (MADV_DONTNEED) and takes well under a millisecond on a heap of ~100 MiB, so the
+engine calls it between steps at most once per `interval_s`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+from collections.abc import Callable
+
+
+def _find_malloc_trim() -> Callable[[int], int] | None:
+    name = ctypes.util.find_library("c")
+    try:
+        fn = getattr(ctypes.CDLL(name), "malloc_trim", None)
+    except OSError:
+        return None
+    return fn  # type: ignore[no-any-return]
+
+
+_malloc_trim = _find_malloc_trim()
+
+
+def trim_host_heap() -> bool:
+    """Return free heap pages to the OS; False where the C library has no malloc_trim (musl,
+    macOS), where this is a no-op."""
+    if _malloc_trim is None:
+        return False
+    _malloc_trim(0)
+    return True
+
+
+class HeapTrimmer:
+    """Rate-limits `trim_host_heap` to once per `interval_s` (0 turns it off)."""
+
+    def __init__(self, interval_s: float, trim: Callable[[], bool] | None = None) -> None:
+        self.interval_s = interval_s
+        self._trim = trim or trim_host_heap
+        self._next_at: float | None = None  # first trim one interval after the first call
+        self.num_trims = 0
+
+    def maybe_trim(self, now: float) -> bool:
+        if self.interval_s <= 0:
+            return False
+        if self._next_at is None:
+            self._next_at = now + self.interval_s
+            return False
+        if now < self._next_at:
+            return False
+        self._next_at = now + self.interval_s
+        self.num_trims += 1
+        self._trim()
+        return True
