@@ -175,7 +175,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
     args = parser.parse_args()
-    tokens, rounds = (16, 3) if args.quick else (64, 3)
+    tokens, rounds = (16, 3) if args.quick else (64, 5)
     model = ensure_model(args.model, args.cache_dir)
     concurrencies = (32, 64)
     engine = Engine(engine_config(model, args.device, max(concurrencies)))
