@@ -63,7 +63,7 @@ class Settings(BaseSettings):
     allocator_small_blocks_per_class: int = Field(32, ge=0, description="preallocated per class")
     allocator_medium_cache_bytes: int = Field(256 << 20, ge=0, description="medium LRU cache cap")
     heap_trim_interval_s: float = Field(
-        10.0, ge=0.0, description="return free heap pages to the OS this often (0: never)"
+        5.0, ge=0.0, description="return free heap pages to the OS this often (0: never)"
     )
 
     # --- adaptive batch policy -----------------------------------------------------------------

@@ -33,7 +33,7 @@ class EngineConfig:
     step_down: float = 0.1
     control_interval_s: float = 1.0
     idle_wait_s: float = 0.05  # how long the loop sleeps when nothing can run (timeouts still fire)
-    heap_trim_interval_s: float = 10.0  # malloc_trim between steps at most this often; 0: never
+    heap_trim_interval_s: float = 5.0  # malloc_trim between steps at most this often; 0: never
     debug_leak_blocks_per_request: int = 0  # debug: allocator blocks leaked on purpose per request
 
     def __post_init__(self) -> None:
