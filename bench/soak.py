@@ -7,10 +7,11 @@ submitted in batches of 1–48 requests, the next batch queued before the previo
 Process RSS and the allocator's bytes in use, footprint (in use + cached) and live blocks are
 sampled between engine steps every 1,000 finished requests (every N/20 when N < 20,000, as with
 --quick, so a short run still gets 20 samples); the first 10% of the requests are warm-up and not
-counted. The engine's batch limit is pinned at 64 (see soak_run). The same workload runs twice,
-each in its own subprocess (RSS is per process) with MALLOC_ARENA_MAX=2: with the tiered allocator
-("pooled") and with pooling off (AllocatorConfig(small_blocks_per_class=0, medium_cache_bytes=0):
-every block a plain torch allocation, freed on release) for comparison.
+counted. The engine's batch limit is pinned at 64 (see soak_run); its heap trimming
+(`heap_trim_interval_s`, 5 s) is on in both modes, as in `fastllm serve`. The same workload runs
+twice, each in its own subprocess (RSS is per process) with MALLOC_ARENA_MAX=2: with the tiered
+allocator ("pooled") and with pooling off (AllocatorConfig(small_blocks_per_class=0,
+medium_cache_bytes=0): every block a plain torch allocation, freed on release) for comparison.
 Last line: one JSON object with the pooled figures at the top level and the unpooled ones under
 "unpooled". --telemetry wires in the server's Prometheus and tracing sinks, opens a span per
 request and scrapes /metrics at every sample (bench.soak_telemetry).
