@@ -26,11 +26,11 @@ from typing import cast
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from runtime.models import ops
 from runtime.models.base import CausalLM
-from runtime.models.layers import DecoderLayer, RMSNorm
+from runtime.models.layers import DecoderLayer, Linear, RMSNorm
 
 
 @dataclass
@@ -68,7 +68,7 @@ class ReferenceResult:
     inputs: OpInputs
 
 
-def _linear(x: Tensor, layer: nn.Linear) -> Tensor:
+def _linear(x: Tensor, layer: Linear) -> Tensor:
     bias = None if layer.bias is None else layer.bias.float()
     return F.linear(x, layer.weight.float(), bias)
 

@@ -19,7 +19,7 @@ from runtime.kv_cache import SequenceKV
 from runtime.models import ops
 from runtime.models.batch_plan import BatchPlan
 from runtime.models.config import ModelArgs
-from runtime.models.layers import DecoderLayer, RMSNorm
+from runtime.models.layers import DecoderLayer, Linear, RMSNorm
 
 
 @dataclass
@@ -46,9 +46,7 @@ class CausalLM(nn.Module):
         self.norm = RMSNorm(args.hidden_size, args.norm_eps, self.norm_offset)
         # Tied models read the embedding matrix in compute_logits; no aliased parameter to load.
         self.lm_head = (
-            None
-            if args.tie_word_embeddings
-            else nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+            None if args.tie_word_embeddings else Linear(args.hidden_size, args.vocab_size, False)
         )
 
     @torch.no_grad()
@@ -69,5 +67,6 @@ class CausalLM(nn.Module):
     @torch.no_grad()
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """hidden [N, H] -> logits [N, vocab] float32."""
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        if self.lm_head is None:
+            return F.linear(hidden, self.embed_tokens.weight).float()
+        return self.lm_head(hidden).float()

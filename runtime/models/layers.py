@@ -30,13 +30,47 @@ class RMSNorm(nn.Module):
         return ops.rms_norm(x, self.weight, self.eps, offset=self.offset)
 
 
+class Linear(nn.Module):
+    """y = x W^T (+ b), with W kept transposed: `weight_t` is [in, out], contiguous.
+
+    Why: on CPU, torch's fp32 GEMM runs `x @ W_t` much faster than `x @ W^T` (nn.Linear's
+    layout) when x has few rows, i.e. when decoding. Measured on this project's 2-core dev
+    machine on the `small` llama's shapes: 1 row 14 ms vs 22 ms per forward's worth of GEMMs,
+    2 rows 24 vs 43, 32 rows 60 vs 76; equal from 8 rows, and at prefill sizes. The checkpoint's
+    [out, in] tensor is transposed once at load (a load_state_dict pre-hook), so checkpoints and
+    state-dict names are unchanged; `weight` is the [out, in] view the reference paths read."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
+        super().__init__()
+        self.weight_t = nn.Parameter(torch.empty(in_features, out_features))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self._register_load_state_dict_pre_hook(self._transpose_on_load)
+
+    @staticmethod
+    def _transpose_on_load(state: dict, prefix: str, *_: object) -> None:
+        weight = state.pop(prefix + "weight", None)
+        if weight is not None:
+            state[prefix + "weight_t"] = weight.t().contiguous()
+
+    @property
+    def weight(self) -> Tensor:
+        return self.weight_t.t()
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.bias is None:
+            return torch.matmul(x, self.weight_t)
+        if x.dim() == 2:
+            return torch.addmm(self.bias, x, self.weight_t)
+        return torch.matmul(x, self.weight_t) + self.bias
+
+
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs, layer_idx: int) -> None:
         super().__init__()
         self.args = args
         self.layer_idx = layer_idx
-        self.qkv_proj = nn.Linear(args.hidden_size, args.q_size + 2 * args.kv_size, args.qkv_bias)
-        self.o_proj = nn.Linear(args.q_size, args.hidden_size, bias=args.o_bias)
+        self.qkv_proj = Linear(args.hidden_size, args.q_size + 2 * args.kv_size, args.qkv_bias)
+        self.o_proj = Linear(args.q_size, args.hidden_size, bias=args.o_bias)
 
     def forward(self, x: Tensor, plan: BatchPlan, cos_sin: tuple[Tensor, Tensor]) -> Tensor:
         """x [T, H] packed -> [T, H]. Stores the new tokens' K/V in each sequence's cache."""
@@ -65,8 +99,8 @@ class GatedMLP(nn.Module):
         super().__init__()
         self.act = act  # name of the ops function: "swiglu" | "geglu"
         self.inter = args.intermediate_size
-        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * self.inter, bias=args.mlp_bias)
-        self.down_proj = nn.Linear(self.inter, args.hidden_size, bias=args.mlp_bias)
+        self.gate_up_proj = Linear(args.hidden_size, 2 * self.inter, bias=args.mlp_bias)
+        self.down_proj = Linear(self.inter, args.hidden_size, bias=args.mlp_bias)
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.gate_up_proj(x).split([self.inter, self.inter], dim=-1)
