@@ -33,10 +33,10 @@ class RMSNorm(nn.Module):
 class Linear(nn.Module):
     """y = x W^T (+ b), with W kept transposed: `weight_t` is [in, out], contiguous.
 
-    Why: on CPU, torch's fp32 GEMM runs `x @ W_t` much faster than `x @ W^T` (nn.Linear's
-    layout) when x has few rows, i.e. when decoding. Measured on this project's 2-core dev
-    machine on the `small` llama's shapes: 1 row 14 ms vs 22 ms per forward's worth of GEMMs,
-    2 rows 24 vs 43, 32 rows 60 vs 76; equal from 8 rows, and at prefill sizes. The checkpoint's
+    Why: on CPU (MKL), torch's fp32 GEMM runs `x @ W_t` much faster than `x @ W^T` (nn.Linear's
+    layout) when x has one or two rows, i.e. when decoding a few sequences. Measured on the
+    project's 2-core dev machine over one forward's GEMMs of the `small` llama: 1 row 14-15 ms vs
+    22-24 ms, 2 rows 24 vs 43; from 8 rows on the two are equal within noise. The checkpoint's
     [out, in] tensor is transposed once at load (a load_state_dict pre-hook), so checkpoints and
     state-dict names are unchanged; `weight` is the [out, in] view the reference paths read."""
 
