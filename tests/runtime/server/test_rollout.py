@@ -86,20 +86,19 @@ def test_faulty_canary_is_rolled_back_automatically(
         assert status["canary_weight"] == 0.0, "the faulty canary was never rolled back"
         assert status["last_event"]["automatic"] and status["last_event"]["reason"] == "error_rate"
         assert 500 in statuses  # the canary did fail before the rollback
-        before = _samples(server.url)
+        success = "fastllm_request_success_total"
+        # request stats reach the metrics one engine-loop turn after the response: wait for the
+        # counter to show every 200 so far (the canary's geglu always fails, so 200 = stable)
+        expected = statuses.count(200)
+        _settle(server.url, success, expected, model=MODEL, version="stable")
         after = [_complete(server.url, f"user-{i}").status_code for i in range(20)]
         assert after == [200] * 20  # every user, canary ones included, is back on stable
-        samples = _samples(server.url)
+        samples = _settle(server.url, success, expected + 20, model=MODEL, version="stable")
+        assert _total(samples, success, model=MODEL, version="stable") == expected + 20
+        assert _total(samples, success, model=MODEL, version="canary") == 0.0
         labels = {"model": MODEL, "version": "canary", "reason": "error_rate"}
         assert _value(samples, "fastllm_rollout_rollbacks_total", **labels) == 1.0
         assert _value(samples, "fastllm_rollout_canary_weight", model=MODEL) == 0.0
-        ok = {"model": MODEL, "finished_reason": "length"}
-        stable_ok = "fastllm_request_success_total"
-        assert (
-            _value(samples, stable_ok, version="stable", **ok)
-            == _value(before, stable_ok, version="stable", **ok) + 20
-        )
-        assert _value(samples, stable_ok, version="canary", **ok) == 0.0
         failed = {"model": MODEL, "version": "canary", "reason": "internal"}
         assert _value(samples, "fastllm_request_failure_total", **failed) >= 10
         events = _wait_for(
@@ -113,6 +112,24 @@ def test_faulty_canary_is_rolled_back_automatically(
         rows = conn.execute(select(InferenceLog.version, InferenceLog.status)).all()
     engine.dispose()
     assert ("canary", "internal") in rows and ("stable", "length") in rows
+
+
+def _total(samples: dict[Any, float], name: str, **labels: str) -> float:
+    """Sum of the samples `name` whose labels include `labels` (e.g. over finished_reason)."""
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
+
+
+def _settle(
+    url: str, name: str, want: float, timeout_s: float = 20.0, **labels: str
+) -> dict[Any, float]:
+    """Scrape until `_total(name, labels)` reads `want` (or the timeout); the last scrape."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        samples = _samples(url)
+        if _total(samples, name, **labels) == want or time.monotonic() >= deadline:
+            return samples
+        time.sleep(0.05)
 
 
 def _wait_for(read: Callable[[], list[Any]], timeout_s: float = 20.0) -> list[Any]:
