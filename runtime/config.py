@@ -11,13 +11,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     YamlConfigSettingsSource,
 )
+
+from runtime.errors import ConfigError
 
 DEFAULT_DEMO_MODEL_DIR = Path("demo-models/llama-tiny")
 
@@ -168,16 +170,33 @@ class Settings(BaseSettings):
 
 
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
-    """Build settings; `overrides` are CLI flags (None values are ignored so defaults apply)."""
+    """Build settings; `overrides` are CLI flags (None values are ignored so defaults apply).
+    An invalid value from any source is a ConfigError naming the setting and its variable."""
     flags = {k: v for k, v in overrides.items() if v is not None}
     if config_file is None:
-        return Settings(**flags)
+        return _validated(flags)
     previous = os.environ.get("FASTLLM_CONFIG")
     os.environ["FASTLLM_CONFIG"] = str(config_file)
     try:
-        return Settings(**flags)
+        return _validated(flags)
     finally:
         if previous is None:
             os.environ.pop("FASTLLM_CONFIG", None)
         else:
             os.environ["FASTLLM_CONFIG"] = previous
+
+
+def _validated(flags: dict[str, Any]) -> Settings:
+    try:
+        return Settings(**flags)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = ".".join(str(part) for part in first["loc"])
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        if not name:  # a check across settings (model validator)
+            raise ConfigError(f"invalid settings: {first['msg']}{more}") from None
+        raise ConfigError(
+            f"invalid setting {name} (FASTLLM_{name.upper()}, --config YAML or flag): "
+            f"{first['msg']}, got {first.get('input')!r}{more}",
+            param=name,
+        ) from None

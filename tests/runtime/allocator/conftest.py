@@ -3,6 +3,9 @@ classes, 2 slots each), medium 1–4 KiB (cache cap 6 KiB), large > 4 KiB."""
 
 from __future__ import annotations
 
+import gc
+
+import psutil
 import pytest
 
 from runtime.allocator import Allocator, AllocatorConfig
@@ -21,3 +24,9 @@ TINY = AllocatorConfig(
 @pytest.fixture
 def tiny() -> Allocator:
     return Allocator(TINY)
+
+
+def rss_bytes() -> int:
+    """This process's resident set, after a collection (so dead tensors are freed first)."""
+    gc.collect()
+    return int(psutil.Process().memory_info().rss)

@@ -3,14 +3,12 @@ and handed back to the OS / driver."""
 
 from __future__ import annotations
 
-import gc
-
-import psutil
 import pytest
 import torch
 
 from runtime.allocator import Allocator, AllocatorConfig
 from runtime.stats import TierStats
+from tests.runtime.allocator.conftest import rss_bytes
 
 F32 = torch.float32
 
@@ -85,24 +83,19 @@ def test_large_blocks_are_never_cached(tiny: Allocator) -> None:
     assert lg.releases == 3
 
 
-def _rss() -> int:
-    gc.collect()
-    return int(psutil.Process().memory_info().rss)
-
-
 def test_large_release_returns_memory_to_the_os() -> None:
     alloc = Allocator(AllocatorConfig(small_blocks_per_class=1))
     nbytes = 200 << 20
-    before = _rss()
+    before = rss_bytes()
     block = alloc.alloc((nbytes // 4,), F32, owner="big")
     assert block.tier == "large"
     block.tensor.fill_(1.0)  # make every page resident
-    peak = _rss()
+    peak = rss_bytes()
     assert peak - before > 150 << 20, (
         "the pages never became resident; the test would prove nothing"
     )
     block.release()
-    after = _rss()
+    after = rss_bytes()
     assert after - before < 50 << 20, f"RSS stayed up by {(after - before) >> 20} MiB"
     assert tier(alloc, "large").bytes_in_use == 0
 

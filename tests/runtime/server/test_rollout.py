@@ -123,13 +123,9 @@ def _total(samples: dict[Any, float], name: str, **labels: str) -> float:
 def _settle(
     url: str, name: str, want: float, timeout_s: float = 20.0, **labels: str
 ) -> dict[Any, float]:
-    """Scrape until `_total(name, labels)` reads `want` (or the timeout); the last scrape."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        samples = _samples(url)
-        if _total(samples, name, **labels) == want or time.monotonic() >= deadline:
-            return samples
-        time.sleep(0.05)
+    """Scrape until `_total(name, labels)` reads `want` (or the timeout); then a fresh scrape."""
+    _wait_for(lambda: [want] if _total(_samples(url), name, **labels) == want else [], timeout_s)
+    return _samples(url)
 
 
 def _wait_for(read: Callable[[], list[Any]], timeout_s: float = 20.0) -> list[Any]:

@@ -1,0 +1,43 @@
+"""Invalid settings from the environment, YAML or flags are typed errors naming the setting, and
+the CLI turns them into `error: ...` with exit 2 (no traceback)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from runtime.cli import main
+from runtime.config import load_settings
+from runtime.errors import ConfigError
+
+
+def test_bad_environment_value_names_the_setting_and_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FASTLLM_HEAP_TRIM_INTERVAL_S", "-1")
+    with pytest.raises(ConfigError, match="FASTLLM_HEAP_TRIM_INTERVAL_S") as err:
+        load_settings()
+    assert err.value.param == "heap_trim_interval_s" and "'-1'" in err.value.message
+
+
+def test_bad_yaml_value_and_cross_setting_check(tmp_path: Path) -> None:
+    config = tmp_path / "fastllm.yaml"
+    config.write_text("min_util: abc\n")
+    with pytest.raises(ConfigError, match="invalid setting min_util"):
+        load_settings(config)
+    config.write_text("min_util: 0.9\nmax_util: 0.5\n")
+    with pytest.raises(ConfigError, match=r"invalid settings: .*must be below max_util"):
+        load_settings(config)
+
+
+def test_cli_reports_a_bad_setting_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("FASTLLM_MIN_UTIL", "abc")
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--port", "0"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert err.startswith("error: invalid setting min_util (FASTLLM_MIN_UTIL")
+    assert "Traceback" not in err
