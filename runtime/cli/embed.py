@@ -36,7 +36,7 @@ def command(
     model_dir: Path, as_json: bool, dtype: str, device: str, texts: tuple[str, ...]
 ) -> None:
     """Print one L2-normalised, mean-pooled embedding per TEXT (a JSON array per line)."""
-    from runtime.embedding import embed
+    from runtime.engine.embedding import embed
     from runtime.models.loader import load_model
 
     loaded = load_model(model_dir, dtype=dtype, device=device)

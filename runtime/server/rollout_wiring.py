@@ -17,8 +17,8 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from runtime.rollout import RolloutController, RolloutEvent, RolloutPolicy
 from runtime.server.state import ServerState
+from runtime.serving.rollout import RolloutController, RolloutEvent, RolloutPolicy
 
 log = logging.getLogger("fastllm.rollout")
 ROLLBACK_ALERT = "FastllmCanaryRolledBack"

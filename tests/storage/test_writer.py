@@ -4,7 +4,7 @@ import random
 
 from sqlalchemy import Engine, func, select
 
-from runtime.stats import RequestStats
+from runtime.engine.stats import RequestStats
 from storage.models import InferenceLog
 from storage.writer import InferenceLogWriter
 from tests.storage.factories import PER_OP_PROBES, probe, request_stats
