@@ -16,7 +16,7 @@ from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
-from runtime.errors import StorageError
+from storage.errors import StorageError
 
 SQLITE_BUSY_TIMEOUT_MS = 5000
 MIGRATIONS = "storage:migrations"  # package-resource form: works from a wheel too

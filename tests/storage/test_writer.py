@@ -144,8 +144,8 @@ def test_writer_migrates_a_fresh_database(db_url: str) -> None:
 def test_only_connection_problems_are_retried() -> None:
     from sqlalchemy.exc import IntegrityError, OperationalError
 
-    from runtime.errors import StorageError
     from storage.drain import is_transient
+    from storage.errors import StorageError
 
     refused = OperationalError("INSERT", {}, Exception("connection refused"))
     assert is_transient(refused)
