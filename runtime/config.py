@@ -82,6 +82,7 @@ class Settings(BaseSettings):
     admin_token: str | None = Field(None, description="admin endpoints are refused when unset")
     max_body_bytes: int = Field(1 << 20, ge=1024)
     drain_grace_s: float = Field(30.0, ge=0.0)
+    access_log: bool = Field(True, description="uvicorn's one line per request at INFO")
     # which parts the server wires around the engines (tests and benchmarks switch them off)
     metrics_enabled: bool = True
     tracing_enabled: bool = True

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -81,9 +82,10 @@ async def _load(state: ServerState) -> None:
     state.is_loading = True
     try:
         for model, version, engine in state.router.engines():
+            started = time.monotonic()
             await asyncio.to_thread(engine.load)
             engine.start()
-            log.info("model %s (%s) loaded", model, version)
+            log.info("model %s (%s) loaded in %.1fs", model, version, time.monotonic() - started)
     except Exception as exc:  # ModelLoadError and anything a broken checkpoint throws
         state.load_error = f"model failed to load: {exc}"
         log.error("%s", state.load_error)

@@ -91,14 +91,22 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = True
 
 
-def run_server(app: Any, *, host: str, port: int, grace_s: float, log_level: str = "info") -> int:
+def run_server(
+    app: Any,
+    *,
+    host: str,
+    port: int,
+    grace_s: float,
+    log_level: str = "info",
+    access_log: bool = True,
+) -> int:
     """Serve `app` until SIGTERM / SIGINT has drained it; returns the process exit status."""
     config = uvicorn.Config(
         app,
         host=host,
         port=port,
         log_level=log_level,
-        access_log=False,
+        access_log=access_log,
         timeout_graceful_shutdown=5,
         lifespan="on",
     )
