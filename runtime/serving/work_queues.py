@@ -1,4 +1,4 @@
-"""Policy core of the work-stealing pool (serving/workers.py): per-worker deques, stealing, aging.
+"""The work-stealing policy the replica path runs (serving/replicas.py): deques, stealing, aging.
 
 Each worker owns a FIFO deque. A worker takes, in this order:
   1. the globally oldest queued task if it is *aged* (see below), from whichever deque holds it;
@@ -9,9 +9,8 @@ A task is aged once `max_overtakes` tasks have been taken since it was submitted
 "some task is aged", and rule 1 gives the bound the old thread pool lacked: no task is overtaken
 by more than `max_overtakes` later tasks (0 = strict global FIFO), whatever the interleaving.
 
-`StealingQueues` is thread-safe and works in pull mode, for a replica loop that takes work when
-it has room (`put`, `take`, `done`); `runtime.serving.workers.WorkStealingPool` adds one thread per
-worker that calls `handler(worker_index, task)`. One lock guards all deques: tasks are requests,
+`StealingQueues` is thread-safe and works in pull mode: each replica's feeder thread takes work
+when its engine has room (`put`, `take`, `done`). One lock guards all deques: tasks are requests,
 not micro-tasks, and a single lock keeps aging, stealing and shutdown simple and deadlock-free.
 """
 

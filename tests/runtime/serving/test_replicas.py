@@ -233,3 +233,90 @@ def test_server_wiring_builds_a_set_and_exports_steals(demo_model_dir) -> None:
         for stop in state.on_stop:
             stop()
     assert state.registry.get_sample_value("fastllm_scheduler_steals_total") == steals
+
+
+# --- the work-stealing policy as the replica path runs it (formerly the standalone pool's tests) --
+
+
+def test_skewed_backlog_with_fresh_work_elsewhere_is_not_starved(demo_model_dir) -> None:
+    """Everything lands on replica 0 while replica 1 keeps getting newer work of its own; aging
+    still bounds how far any request is overtaken, and every request finishes exactly once."""
+    from tests.runtime.serving.test_work_queues import max_overtakes
+
+    k = 3
+    sink = RecordingSink()
+    replicas, _ = make_set(demo_model_dir("llama"), 2, sink, max_inflight=1, max_overtakes=k)
+    try:
+        backlog = [
+            replicas.submit(request(f"b{i}", [4, i + 5], greedy(2)), replica=0) for i in range(12)
+        ]
+        fresh = [
+            replicas.submit(request(f"f{i}", [6, i + 5], greedy(2)), replica=1) for i in range(12)
+        ]
+        outputs = [h.result() for h in backlog + fresh]
+        stats = replicas.pool_stats()
+    finally:
+        replicas.shutdown(drain_timeout_s=30.0)
+    assert all(o.finished_reason == "length" for o in outputs)
+    assert stats.num_taken == stats.num_completed == 24 and stats.num_failed == 0
+    assert sum(stats.processed_per_worker) == 24
+    assert max_overtakes(stats.recent) <= k
+    assert sorted(r.request_id for r in sink.finished) == sorted(o.request_id for o in outputs)
+
+
+def test_concurrent_producers_each_request_served_once(demo_model_dir) -> None:
+    sink = RecordingSink()
+    replicas, _ = make_set(demo_model_dir("llama"), 2, sink)
+    handles: list[RequestHandle] = []
+    lock = threading.Lock()
+
+    def produce(p: int) -> None:
+        mine = [
+            replicas.submit(request(f"p{p}-{i}", [3, p + 4, i + 5], greedy(2))) for i in range(5)
+        ]
+        with lock:
+            handles.extend(mine)
+
+    producers = [threading.Thread(target=produce, args=(p,)) for p in range(6)]
+    try:
+        for t in producers:
+            t.start()
+        for t in producers:
+            t.join()
+        outputs = [h.result() for h in handles]
+    finally:
+        replicas.shutdown(drain_timeout_s=30.0)
+    assert sorted(o.request_id for o in outputs) == sorted(
+        f"p{p}-{i}" for p in range(6) for i in range(5)
+    )
+    assert replicas.pool_stats().num_completed == 30
+    assert sorted(r.request_id for r in sink.finished) == sorted(o.request_id for o in outputs)
+
+
+def test_a_replica_that_refuses_ends_its_requests_and_its_feeder_carries_on(demo_model_dir) -> None:
+    """A replica whose engine refuses (shut down) ends what it takes with the typed error, recorded
+    once as internal, and its feeder keeps running. Replica 0 validates every request, so the
+    broken one is replica 1; replica 0 is kept busy (held, max_inflight=1) so it cannot steal."""
+    sink = RecordingSink()
+    replicas, hooks = make_set(demo_model_dir("llama"), 2, sink, max_inflight=1)
+    try:
+        hooks[0]().hold()
+        blocker = replicas.submit(request("blocker", [4, 5], greedy(2)), replica=0)
+        until(lambda: dispatched(blocker))
+        replicas.replicas[1].shutdown()  # admit() now raises ServiceUnavailable there
+        doomed = [
+            replicas.submit(request(f"d{i}", [4, i + 5], greedy(2)), replica=1) for i in range(3)
+        ]
+        for h in doomed:
+            with pytest.raises(ServiceUnavailable):
+                h.result()
+        feeders_alive = [t.is_alive() for t in replicas._feeders]
+        hooks[0]().release()
+        assert blocker.result().finished_reason == "length"
+    finally:
+        hooks[0]().release()
+        replicas.shutdown(drain_timeout_s=30.0)
+    assert feeders_alive == [True, True]
+    by_id = sink.by_id()
+    assert [by_id[f"d{i}"].failure_reason for i in range(3)] == ["internal"] * 3
+    assert [r.request_id for r in sink.finished].count("d0") == 1
