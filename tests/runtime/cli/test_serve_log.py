@@ -50,7 +50,10 @@ def test_startup_log_at_info_is_one_line_per_phase(
     lines = out.splitlines()
     first_request = next(i for i, line in enumerate(lines) if "POST /v1/completions" in line)
     access = ' HTTP/1.1" '  # uvicorn's access lines (the readiness polls among them)
-    startup = [line for line in lines[:first_request] if access not in line]
+    # INFO lines only: a WARNING (e.g. the evaluator falling behind on a loaded machine) is news
+    startup = [
+        line for line in lines[:first_request] if access not in line and "WARNING" not in line
+    ]
     assert len(startup) < 10, "\n".join(startup)
     text = "\n".join(lines)
     for phase in ("migrations applied", "loaded in", "alert evaluator started", "running on"):
