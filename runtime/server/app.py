@@ -23,7 +23,7 @@ from runtime.server import routes_admin, routes_health, routes_legacy, routes_op
 from runtime.server.auth import api_key_dependencies
 from runtime.server.errors import install_error_handlers
 from runtime.server.guard import Guard
-from runtime.server.rollout_wiring import attach_rollout
+from runtime.server.rollout_wiring import attach_rollout, attach_rollout_sync
 from runtime.server.state import ServerState
 
 log = logging.getLogger("fastllm.server")
@@ -48,6 +48,7 @@ def create_app(settings: Settings | None = None, *, state: ServerState | None = 
     app.include_router(routes_admin.router)
     app.include_router(routes_rollout.router)
     app.state.rollout = attach_rollout(state)  # canary weights, promotion, automatic rollback
+    app.state.rollout_sync = attach_rollout_sync(state, app.state.rollout)  # across replicas
     if state.settings.legacy_support:  # the deprecated POST /predict of older runtimes
         app.include_router(
             routes_legacy.router, dependencies=api_key_dependencies(state.settings.api_keys)

@@ -48,7 +48,7 @@ def render_static(text: str, *, servers: list[str], api_port: int, metrics_port:
     text = TEMPLATE.sub(lambda _: static, text)
     for shipped, port in ((API_PORT, api_port), (METRICS_PORT, metrics_port)):
         text, count = re.subn(
-            rf"^(\s*)bind :{shipped}\s*$", rf"\1bind 127.0.0.1:{port}", text, 0, re.M
+            rf"^(\s*)bind :{shipped}\s*$", rf"\1bind 127.0.0.1:{port}", text, flags=re.M
         )
         assert count == 1, f"expected one `bind :{shipped}` in the shipped config"
     return text
