@@ -1,5 +1,6 @@
-"""alerts/rules/*.yml as a prometheus-operator PrometheusRule (deploy/k8s/base/prometheus-rule.yaml),
-so Kubernetes runs exactly the rules promtool and the embedded evaluator are tested on.
+"""alerts/rules/*.yml as a prometheus-operator PrometheusRule
+(deploy/k8s/base/prometheus-rule.yaml), so Kubernetes runs exactly the rules promtool and the
+embedded evaluator are tested on.
 `fastllm alerts export --format prometheus-rule` writes it; `--check` names a stale file.
 
 The groups are copied as parsed, in file order (sorted by name); the output is byte-stable

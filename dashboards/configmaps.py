@@ -51,7 +51,8 @@ def configmap(path: Path) -> dict[str, Any]:
 def configmaps(generated_dir: Path = GENERATED_DIR) -> str:
     paths = sorted(generated_dir.glob("*.json"))
     if not paths:
-        raise DashboardBuildError(f"no dashboards in {generated_dir} (run `fastllm dashboards build`)")
+        hint = "run `fastllm dashboards build`"
+        raise DashboardBuildError(f"no dashboards in {generated_dir} ({hint})")
     documents = [configmap(p) for p in paths]
     return HEADER + yaml.dump_all(documents, Dumper=_BlockDumper, sort_keys=False, width=100)
 

@@ -167,7 +167,7 @@ def export(ctx: click.Context, fmt: str, out_path: Path | None, check: bool) -> 
     \b
     Example:
       fastllm alerts export --format prometheus-rule --out deploy/k8s/base/prometheus-rule.yaml
-      fastllm alerts export --format prometheus-rule --check --out deploy/k8s/base/prometheus-rule.yaml
+      fastllm alerts export --format prometheus-rule --check --out FILE
     """
     from alerts import export as exporter
 
