@@ -38,6 +38,7 @@ lint: setup-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy runtime monitoring storage alerts
+	$(BIN)/lint-imports
 
 # each benchmark prints a ratio against a reference measured in the same run; last line is JSON
 BENCHES ?= allocator generate serving http telemetry storage soak

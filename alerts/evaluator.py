@@ -121,6 +121,11 @@ class AlertEvaluator:
             id=self._job_id,
             next_run_time=datetime.now(timezone.utc),  # first round at once
         )
+        log.info(
+            "alert evaluator started: %d rules every %gs",
+            len(self.manager.states),
+            self.config.interval_s,
+        )
 
     def stop(self) -> None:
         if self._job_id is not None:

@@ -7,11 +7,11 @@ import logging
 from collections.abc import Sequence
 from dataclasses import replace
 
+from alerts.errors import AlertRuleError
 from alerts.promql import LOOKBACK_S, Evaluator
 from alerts.rules import RuleGroup
 from alerts.state import FIRING, RESOLVED, Alert, RuleState, Transition
 from alerts.store import SampleStore
-from runtime.errors import AlertRuleError
 
 log = logging.getLogger(__name__)
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import yaml
 
+from alerts.errors import AlertRuleError
 from alerts.promql import ast, parse, parse_duration, scale_durations, type_of
 from alerts.promql.scale import max_window_s, selected_names
 from alerts.templates import Template
-from runtime.errors import AlertRuleError
 
 DEFAULT_RULES_PATH = Path(__file__).parent / "rules" / "fastllm.rules.yml"
 _RULE_KEYS = frozenset({"alert", "expr", "for", "labels", "annotations", "keep_firing_for"})

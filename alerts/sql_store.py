@@ -13,9 +13,9 @@ from datetime import datetime, timezone
 
 from sqlalchemy import delete
 
+from alerts.errors import AlertRuleError
 from alerts.promql.types import METRIC_NAME, Labels, Matcher, Series, label_value, make_labels
 from alerts.store import Point
-from runtime.errors import AlertRuleError
 from storage.models import MetricSample
 from storage.store import MetricStore, Sample
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from alerts.errors import AlertRuleError
 from alerts.fingerprint import fingerprint
 from alerts.promql.types import METRIC_NAME, Labels, Vector
 from alerts.rules import AlertRule
-from runtime.errors import AlertRuleError
 
 PENDING, FIRING, RESOLVED = "pending", "firing", "resolved"
 # Prometheus keeps a resolved alert this long so that notifications of it repeat

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from runtime.allocator import Allocator, AllocatorConfig
+from runtime.memory import Allocator, AllocatorConfig
 
 TARGET_RATIO = 1.5  # small and medium tiers
 SHAPES = {  # float32 elements: 4 KiB, 4 MiB, 32 MiB

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from runtime.generation import generate
+from runtime.engine.offline import generate
+from runtime.engine.sampling import SamplingParams
 from runtime.models.demo import make_demo_model
 from runtime.models.loader import LoadedModel, load_model
-from runtime.sampling import SamplingParams
 
 TARGET_RATIO = 1.5
 PROMPT_TOKENS = 32

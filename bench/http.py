@@ -33,9 +33,9 @@ from pathlib import Path
 
 import httpx
 
-from runtime.engine import Engine, EngineConfig
-from runtime.request import GenerationRequest
-from runtime.sampling import SamplingParams
+from runtime.engine.engine import Engine, EngineConfig
+from runtime.engine.request import GenerationRequest
+from runtime.engine.sampling import SamplingParams
 
 TARGET_PCT = 10.0
 USAGE = re.compile(rb'"completion_tokens":(\d+)')

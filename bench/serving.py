@@ -44,11 +44,11 @@ from bench.serving_parts import (
     poisson_engine_run,
     simulate_static_ttft,
 )
-from runtime.engine import Engine, EngineConfig
+from runtime.engine.engine import Engine, EngineConfig
+from runtime.engine.request import GenerationRequest
+from runtime.engine.sampling import SamplingParams
+from runtime.engine.stats import StepStats
 from runtime.models.demo import make_demo_model
-from runtime.request import GenerationRequest
-from runtime.sampling import SamplingParams
-from runtime.stats import StepStats
 
 DEFAULT_CACHE = Path(os.environ.get("FASTLLM_BENCH_CACHE", "/tmp/fastllm-bench"))
 TARGETS = {"ratio_vs_hf_serial": 10.0, "ratio_vs_hf_static": 1.3}

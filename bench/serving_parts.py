@@ -10,10 +10,10 @@ from typing import Any
 
 import torch
 
-from runtime.engine import Engine
+from runtime.engine.engine import Engine
+from runtime.engine.request import GenerationRequest
+from runtime.engine.sampling import SamplingParams
 from runtime.models.config import ModelArgs
-from runtime.request import GenerationRequest
-from runtime.sampling import SamplingParams
 
 
 @dataclass

@@ -19,10 +19,10 @@ import psutil
 
 from bench.serving import greedy
 from bench.serving_parts import make_workload
-from runtime.allocator import Allocator, AllocatorConfig
-from runtime.engine import Engine, EngineConfig
-from runtime.request import GenerationRequest, RequestHandle
-from runtime.stats import AllocatorStats, FanOut, RequestStats, StepStats, VerificationResult
+from runtime.engine.engine import Engine, EngineConfig
+from runtime.engine.request import GenerationRequest, RequestHandle
+from runtime.engine.stats import AllocatorStats, FanOut, RequestStats, StepStats, VerificationResult
+from runtime.memory import Allocator, AllocatorConfig
 
 PROMPT_LENS = (8, 512)  # tokens, inclusive
 NEW_TOKENS = (1, 64)

@@ -12,8 +12,8 @@ from pathlib import Path
 from monitoring.tracing import create_tracer_provider, request_attributes
 from monitoring.wiring import Monitoring, create_monitoring
 from runtime.config import Settings
-from runtime.engine import Engine
-from runtime.stats import FanOut
+from runtime.engine.engine import Engine
+from runtime.engine.stats import FanOut
 
 
 def attach_telemetry(engine: Engine, fanout: FanOut, model_path: Path) -> Monitoring:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine, delete, insert
 
-from runtime.stats import RequestStats, VerificationResult
+from runtime.engine.stats import RequestStats, VerificationResult
 from storage.db import make_engine, upgrade
 from storage.models import InferenceLog
 from storage.rows import probe_row, request_row

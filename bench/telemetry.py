@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from bench.telemetry_parts import STREAMS, Instrumented, RoundResult, instrument, run_round
-from runtime.engine import Engine, EngineConfig
+from runtime.engine.engine import Engine, EngineConfig
 from runtime.models.demo import make_demo_model
 
 DEFAULT_CACHE = Path(os.environ.get("FASTLLM_BENCH_CACHE", "/tmp/fastllm-bench"))

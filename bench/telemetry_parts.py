@@ -24,10 +24,10 @@ from bench.serving_parts import make_workload
 from monitoring.tracing import create_tracer_provider, request_attributes
 from monitoring.wiring import Monitoring, create_monitoring
 from runtime.config import Settings
-from runtime.engine import Engine, EngineConfig
+from runtime.engine.engine import Engine, EngineConfig
+from runtime.engine.request import GenerationRequest
+from runtime.engine.stats import FanOut, RequestStats, StepStats, VerificationResult
 from runtime.models.loader import LoadedModel
-from runtime.request import GenerationRequest
-from runtime.stats import FanOut, RequestStats, StepStats, VerificationResult
 
 STREAMS = 32
 EXPORTER_THREAD_PREFIX = "OtelBatch"  # the BatchSpanProcessor's worker thread

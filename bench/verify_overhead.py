@@ -1,4 +1,4 @@
-"""Serving with sampled verification (runtime.verify) at 1% vs off, same engine, same run.
+"""Serving with sampled verification (runtime.verify.verifier) at 1% vs off, same engine, same run.
 
 The serving bench's workload (bench.serving_parts.make_workload) on the `small` llama: all
 requests submitted at once, greedy, never stopping early. Rounds alternate off / on (these
@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.serving_parts import Workload, make_workload
-from runtime.engine import Engine, EngineConfig
+from runtime.engine.engine import Engine, EngineConfig
+from runtime.engine.request import GenerationRequest
+from runtime.engine.sampling import SamplingParams
 from runtime.models.demo import make_demo_model
-from runtime.request import GenerationRequest
-from runtime.sampling import SamplingParams
-from runtime.verify import Verifier
+from runtime.verify.verifier import Verifier
 
 DEFAULT_CACHE = Path(os.environ.get("FASTLLM_BENCH_CACHE", "/tmp/fastllm-bench"))
 SAMPLE_RATE = 0.01

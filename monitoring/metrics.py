@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from runtime.engine.reasons import FailureReason, FinishReason
+
 # Every name of the contract table, as a scrape shows it (counters with their `_total`).
 CONTRACT_METRIC_NAMES: tuple[str, ...] = (
     "fastllm_memory_usage",
@@ -38,8 +40,8 @@ CONTRACT_METRIC_NAMES: tuple[str, ...] = (
 )
 
 # Label values pre-initialised so that a scrape shows them at zero before any traffic.
-FINISHED_REASONS: tuple[str, ...] = ("stop", "length", "cancelled")
-FAILURE_REASONS: tuple[str, ...] = ("validation", "overloaded", "internal", "timeout")
+FINISHED_REASONS: tuple[str, ...] = tuple(r.value for r in FinishReason)
+FAILURE_REASONS: tuple[str, ...] = tuple(r.value for r in FailureReason)
 ALLOCATOR_TIERS: tuple[str, ...] = ("small", "medium", "large")
 ALLOCATOR_STATES: tuple[str, ...] = ("in_use", "cached")
 ALLOCATOR_EVENTS: tuple[str, ...] = ("hit", "miss", "evict", "release")

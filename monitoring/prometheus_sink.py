@@ -16,10 +16,11 @@ from collections.abc import Callable, Sequence
 from prometheus_client import Histogram
 
 from monitoring.metrics import ALLOCATOR_EVENTS, FastllmMetrics
-from runtime.stats import AllocatorStats, RequestStats, StepStats, VerificationResult
+from runtime.engine.reasons import FailureReason
+from runtime.engine.stats import AllocatorStats, RequestStats, StepStats, VerificationResult
 
 # Failures that never entered the engine: their timestamps say nothing about serving latency.
-REJECTED_REASONS = frozenset({"validation", "overloaded"})
+REJECTED_REASONS = frozenset({FailureReason.VALIDATION, FailureReason.OVERLOADED})
 DEFAULT_ANOMALY_THRESHOLD = 1e-3
 _TIER_FIELDS = {"hit": "hits", "miss": "misses", "evict": "evictions", "release": "releases"}
 assert set(_TIER_FIELDS) == set(ALLOCATOR_EVENTS)
@@ -101,10 +102,6 @@ class PrometheusSink:
             return self.busy.fraction() if ratio is None else float(ratio)
 
         self.metrics.device_utilization.labels(device).set_function(value)
-
-    def record_steals(self, count: int = 1) -> None:
-        """Push mode: report `count` new steals."""
-        self.metrics.scheduler_steals.inc(count)
 
     def set_steals_source(self, read: Callable[[], int]) -> None:
         """Pull mode: `read()` returns the pool's cumulative steal count (PoolStats.num_steals);

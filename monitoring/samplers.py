@@ -17,7 +17,7 @@ import psutil
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric, UnknownMetricFamily
 from prometheus_client.registry import Collector
 
-from runtime.stats import AllocatorStats
+from runtime.engine.stats import AllocatorStats
 
 log = logging.getLogger(__name__)
 

@@ -25,10 +25,13 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
-from runtime.stats import RequestEvent, RequestStats, StepStats, VerificationResult
+from runtime.engine.reasons import FinishReason
+from runtime.engine.stats import RequestEvent, RequestStats, StepStats, VerificationResult
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _OTLP_ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+
+_END_EVENT = {True: RequestEvent.CANCELLED, False: RequestEvent.FINISHED}
 
 
 def create_tracer_provider(
@@ -120,11 +123,6 @@ class TracingSink:
         for stale in ([previous.span] if previous else []) + expired:
             self._abandon(stale)
         return span.get_span_context()
-
-    def span_context(self, request_id: str) -> trace.SpanContext | None:
-        with self._lock:
-            entry = self._open.get(request_id)
-        return entry.span.get_span_context() if entry else None
 
     def record(
         self,
@@ -249,7 +247,9 @@ def _events(r: RequestStats) -> list[tuple[RequestEvent, float]]:
         (RequestEvent.SCHEDULED, r.scheduled_ts),
         (RequestEvent.FIRST_TOKEN, r.first_token_ts),
         (
-            RequestEvent.CANCELLED if r.finished_reason == "cancelled" else RequestEvent.FINISHED,
+            RequestEvent.CANCELLED
+            if r.finished_reason == FinishReason.CANCELLED
+            else RequestEvent.FINISHED,
             r.finished_ts,
         ),
     ]

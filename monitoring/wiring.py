@@ -17,7 +17,7 @@ from monitoring.prometheus_sink import PrometheusSink
 from monitoring.samplers import MemoryCollector, gpu_memory_source, nvml_utilization_source
 from monitoring.tracing import TracingSink, create_tracer_provider
 from runtime.config import Settings
-from runtime.stats import AllocatorStats, StatsSink
+from runtime.engine.stats import AllocatorStats, StatsSink
 
 
 def package_version() -> str:

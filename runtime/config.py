@@ -35,7 +35,7 @@ class Settings(BaseSettings):
     canary_version: str = "canary"
     canary_weight: float = Field(0.0, ge=0.0, le=1.0, description="fraction routed to the canary")
     # automatic rollback: the canary's error / operator-anomaly rate may exceed the stable
-    # version's by at most these margins over the last `rollout_window_s` (runtime/rollout.py)
+    # version's by at most these margins over the last `rollout_window_s` (serving/rollout.py)
     rollout_auto_rollback: bool = True
     rollout_window_s: float = Field(300.0, gt=0)
     rollout_min_requests: int = Field(20, ge=1, description="per version, before judging")
@@ -59,7 +59,7 @@ class Settings(BaseSettings):
     kv_cache_bytes: int = Field(1 << 30, ge=1 << 20, description="bytes of KV the engine may hold")
     num_replicas: int = Field(1, ge=1, description="engine replicas (work-stealing pool)")
 
-    # --- allocator (runtime.allocator.AllocatorConfig.from_settings) ----------------------------
+    # --- allocator (runtime.memory.AllocatorConfig.from_settings) ----------------------------
     allocator_small_max_bytes: int = Field(1 << 20, ge=16, description="small tier: below this")
     allocator_medium_max_bytes: int = Field(10 << 20, ge=16, description="large tier: above this")
     allocator_small_blocks_per_class: int = Field(32, ge=0, description="preallocated per class")
@@ -91,6 +91,7 @@ class Settings(BaseSettings):
     rollout_peers: list[str] = Field(default_factory=list)
     rollout_peers_dns: str | None = Field(None, description="e.g. runtime:8000 (compose)")
     rollout_sync_interval_s: float = Field(1.0, gt=0, description="peer rollout poll period")
+    access_log: bool = Field(True, description="uvicorn's one line per request at INFO")
     # which parts the server wires around the engines (tests and benchmarks switch them off)
     metrics_enabled: bool = True
     tracing_enabled: bool = True

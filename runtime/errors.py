@@ -2,7 +2,7 @@
 
     FastllmError                      base; `.http_status` and `.error_type` map it to an API error
     ├── ConfigError                   bad settings / CLI flags                              (400)
-    │   └── AlertRuleError            an alert rule file that does not parse / validate
+    │   └── AlertRuleError            (alerts.errors) a rule file that does not parse / validate
     ├── ModelLoadError                checkpoint problems: missing dir/config, unsupported
     │   │                             architecture, missing/mismatched tensor, corrupt file  (500*)
     │   └── UnsafeCheckpointError     a pickle that would run code, refused                 (400)
@@ -16,13 +16,16 @@
     ├── RequestTimeout                a request ran past its deadline                       (504)
     ├── RequestCancelled              the request was cancelled (client went away)          (499)
     ├── EngineInternalError           a model step failed; its requests fail, engine lives  (500)
-    ├── StorageError                  database unreachable / misconfigured / not migrated   (503)
+    ├── StorageError                  (storage.errors) database unreachable / not migrated  (503)
     └── AllocatorError                misuse of a memory block
         ├── DoubleReleaseError
         ├── UseAfterReleaseError
         └── ForeignBlockError
 
 (*) a model that fails to load is an operator error, not a client one; the server answers 503.
+
+Each package keeps its own errors at home (alerts.errors, storage.errors); they derive from the
+classes here, so the server maps every one of them the same way.
 """
 
 from __future__ import annotations
@@ -54,10 +57,6 @@ class ModelLoadError(FastllmError):
 class UnsafeCheckpointError(ModelLoadError):
     http_status = 400
     error_type = "invalid_request_error"
-
-
-class AlertRuleError(ConfigError):
-    """An alert rule file that does not parse, or uses PromQL the embedded evaluator lacks."""
 
 
 class InvalidRequestError(FastllmError):
@@ -113,13 +112,6 @@ class RequestTimeout(FastllmError):
 class RequestCancelled(FastllmError):
     http_status = 499
     error_type = "cancelled"
-
-
-class StorageError(FastllmError):
-    """The database is unreachable, misconfigured or cannot be migrated."""
-
-    http_status = 503
-    error_type = "storage_error"
 
 
 class EngineInternalError(FastllmError):

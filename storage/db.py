@@ -5,6 +5,7 @@ and PostgreSQL (compose). `upgrade(engine)` applies the Alembic migrations shipp
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,9 @@ from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
-from runtime.errors import StorageError
+from storage.errors import StorageError
+
+log = logging.getLogger("fastllm.storage")
 
 SQLITE_BUSY_TIMEOUT_MS = 5000
 MIGRATIONS = "storage:migrations"  # package-resource form: works from a wheel too
@@ -78,9 +81,20 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     try:
         with engine.begin() as connection:
             config.attributes["connection"] = connection
+            before = MigrationContext.configure(connection).get_current_revision()
             command.upgrade(config, revision)
+            after = MigrationContext.configure(connection).get_current_revision()
     except SQLAlchemyError as exc:
         raise StorageError(f"cannot migrate {engine.url!r}: {exc}") from exc
+    # one INFO line when the schema moved; every later (idempotent) call is debug-only
+    level = logging.INFO if before != after else logging.DEBUG
+    log.log(
+        level,
+        "database %s: migrations applied (%s -> %s)",
+        engine.url.render_as_string(hide_password=True),
+        before,
+        after,
+    )
 
 
 def current_revision(engine: Engine) -> str | None:

@@ -10,8 +10,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import Protocol, TypeVar
 
+from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from tenacity import (
     RetryCallState,
@@ -25,8 +26,25 @@ from storage.batch import BatchPlan, Item, execute_plan, plan_batch
 from storage.db import upgrade
 from storage.rows import Row
 
-if TYPE_CHECKING:
-    from storage.writer import InferenceLogWriter
+
+class WriterQueue(Protocol):
+    """The writer's side that its drain thread works on (storage.writer.InferenceLogWriter);
+    a protocol so the writer and its thread do not import each other."""
+
+    engine: Engine
+
+    @property
+    def num_queued(self) -> int: ...
+
+    @property
+    def num_flush_waiters(self) -> int: ...
+
+    def take(self, block_s: float) -> list[Item]: ...
+
+    def count_dropped(self, n: int) -> None: ...
+
+    def settle(self, n: int) -> None: ...
+
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -49,7 +67,7 @@ def is_transient(exc: BaseException) -> bool:
 class Drainer:
     def __init__(
         self,
-        writer: InferenceLogWriter,
+        writer: WriterQueue,
         *,
         migrate: bool,
         max_backoff_s: float,

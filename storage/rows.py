@@ -14,7 +14,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from runtime.stats import RequestStats, VerificationResult
+from runtime.engine.stats import RequestStats, VerificationResult
 
 Row = dict[str, Any]
 

@@ -16,8 +16,8 @@ from sqlalchemy import Engine, insert, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from runtime.errors import StorageError
 from storage.db import make_engine
+from storage.errors import StorageError
 from storage.models import AlertEvent, MetricSample
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
 
-from runtime.stats import RequestStats, StepStats, VerificationResult
+from runtime.engine.stats import RequestStats, StepStats, VerificationResult
 from storage.batch import LOGIT, PROBE, REQUEST, Item
 from storage.db import make_engine
 from storage.drain import Drainer

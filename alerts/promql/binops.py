@@ -7,9 +7,9 @@ import math
 import operator
 from collections.abc import Callable
 
+from alerts.errors import AlertRuleError
 from alerts.promql import ast
 from alerts.promql.types import METRIC_NAME, Labels, Sample, Value, Vector, drop_name
-from runtime.errors import AlertRuleError
 
 
 def _div(a: float, b: float) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from runtime.errors import AlertRuleError
+from alerts.errors import AlertRuleError
 
 _UNITS_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _UNITS_S["y"] = 365 * 86400.0

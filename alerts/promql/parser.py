@@ -10,11 +10,11 @@ topk/quantile-style parameterised aggregations.
 
 from __future__ import annotations
 
+from alerts.errors import AlertRuleError
 from alerts.promql import ast
 from alerts.promql.functions import SIGNATURES
 from alerts.promql.lexer import Token, parse_duration, tokenize
 from alerts.promql.types import METRIC_NAME, Matcher
-from runtime.errors import AlertRuleError
 
 PRECEDENCE = {"or": 1, "and": 2, "unless": 2, "+": 4, "-": 4, "*": 5, "/": 5, "%": 5, "^": 6}
 PRECEDENCE.update({op: 3 for op in ast.COMPARISON_OPS})

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from runtime.errors import AlertRuleError
+from alerts.errors import AlertRuleError
 
 
 @click.group("alerts")

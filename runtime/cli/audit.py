@@ -10,7 +10,8 @@ from datetime import datetime, timedelta, timezone
 import click
 
 from runtime.config import load_settings
-from runtime.errors import ConfigError, StorageError
+from runtime.errors import ConfigError
+from storage.errors import StorageError
 
 _UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 

@@ -44,7 +44,7 @@ def command(input_dir: Path, output_dir: Path, fix_geglu: bool, force: bool, qui
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from runtime.convert import convert_checkpoint
+    from runtime.tools.convert import convert_checkpoint
 
     console = Console(stderr=True)
     columns = (

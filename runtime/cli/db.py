@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from runtime.config import load_settings
-from runtime.errors import StorageError
+from storage.errors import StorageError
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine

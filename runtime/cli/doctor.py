@@ -48,7 +48,7 @@ def command(
     from rich.table import Table
 
     from runtime.config import load_settings
-    from runtime.doctor import FAIL, DoctorOptions, run_checks
+    from runtime.tools.doctor import FAIL, DoctorOptions, run_checks
 
     settings = load_settings(device=device, legacy_support=legacy_support)
     options = DoctorOptions(

@@ -36,11 +36,15 @@ def command(
     model_dir: Path, as_json: bool, dtype: str, device: str, texts: tuple[str, ...]
 ) -> None:
     """Print one L2-normalised, mean-pooled embedding per TEXT (a JSON array per line)."""
-    from runtime.embedding import embed
-    from runtime.models.loader import load_model
+    from runtime.engine.config import EngineConfig
+    from runtime.engine.engine import Engine
 
-    loaded = load_model(model_dir, dtype=dtype, device=device)
-    vectors = embed(loaded, list(texts))
+    # the server's embedding path, with no sink (one embedding path in the project)
+    engine = Engine(EngineConfig(model_path=model_dir, dtype=dtype, device=device))
+    try:
+        vectors = engine.embed(list(texts)).embeddings
+    finally:
+        engine.shutdown()
     if as_json:
         data = [{"index": i, "embedding": v} for i, v in enumerate(vectors)]
         click.echo(json.dumps({"model": str(model_dir), "data": data}))

@@ -50,9 +50,9 @@ def command(
     prompt: str,
 ) -> None:
     """Generate a completion of PROMPT with the model in --model (greedy by default)."""
-    from runtime.generation import generate
+    from runtime.engine.offline import generate
+    from runtime.engine.sampling import SamplingParams
     from runtime.models.loader import load_model
-    from runtime.sampling import SamplingParams
 
     params = SamplingParams(
         max_tokens=max_tokens,
@@ -63,7 +63,7 @@ def command(
         stop=stop,
         ignore_eos=ignore_eos,
     )
-    params.validate()  # before the (slow) load
+
     loaded = load_model(model_dir, dtype=dtype, device=device)
     if loaded.tokenizer is None:  # pragma: no cover - load_model loads it by default
         raise InvalidRequestError(f"{model_dir} has no tokenizer")

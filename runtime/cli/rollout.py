@@ -37,7 +37,7 @@ def _options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _targets(urls: tuple[str, ...], dns: str | None) -> list[str]:
-    from runtime.peers import replica_urls
+    from runtime.serving.peers import replica_urls
 
     found = replica_urls(urls or ([] if dns else [DEFAULT_URL]), dns)
     if not found:

@@ -56,7 +56,7 @@ def command(
             raise ModelLoadError(
                 f"{path} has no config.json (build the demo with `fastllm make-demo-model {path}`)"
             )
-    logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(log_level)
     app = create_app(settings)
     click.echo(
         f"serving {settings.served_model_name} on http://{settings.host}:{settings.port}/v1",
@@ -69,6 +69,20 @@ def command(
         grace_s=settings.drain_grace_s,
         unready_s=settings.drain_unready_s,
         log_level=log_level,
+        access_log=settings.access_log,
     )
     if rc:
         sys.exit(rc)
+
+
+# Libraries that log routine chatter at INFO: alembic (a line per plugin at every migration run)
+# and APScheduler (two lines per evaluator tick, forever). At INFO an operator sees one line per
+# startup phase and the access log; `--log-level debug` shows the libraries' lines again.
+QUIET_AT_INFO = ("alembic", "apscheduler")
+
+
+def configure_logging(log_level: str) -> None:
+    level = logging.getLevelName(log_level.upper())
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    for name in QUIET_AT_INFO:
+        logging.getLogger(name).setLevel(logging.WARNING if level > logging.DEBUG else level)

@@ -9,24 +9,15 @@ runs once over all T tokens; attention runs per sequence on its own K/V.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from runtime.kv_cache import SequenceKV
 from runtime.models import ops
-from runtime.models.batch_plan import BatchPlan
+from runtime.models.batch_plan import BatchPlan, SeqSlice
 from runtime.models.config import ModelArgs
 from runtime.models.layers import DecoderLayer, Linear, RMSNorm
-
-
-@dataclass
-class SeqSlice:
-    start: int  # this sequence's new tokens are input_ids[start:end] of the packed batch
-    end: int
-    kv: SequenceKV  # positions of the new tokens = kv.num_tokens + arange(end - start)
 
 
 class CausalLM(nn.Module):

@@ -6,13 +6,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from runtime.models.base import SeqSlice
+from runtime.memory.kv_cache import SequenceKV
+
+
+@dataclass
+class SeqSlice:
+    start: int  # this sequence's new tokens are input_ids[start:end] of the packed batch
+    end: int
+    kv: SequenceKV  # positions of the new tokens = kv.num_tokens + arange(end - start)
 
 
 @dataclass

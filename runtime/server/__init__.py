@@ -7,11 +7,11 @@ guard.py          ASGI admission: readiness / drain 503, body limit 413, UTF-8, 
 auth.py           API keys (/v1) and the admin token (/admin)
 schemas.py        pydantic request / response models (what /openapi.json documents)
 errors.py         the error body and handlers; failure records for the metrics
-routes_openai.py  /v1/completions, /v1/chat/completions, /v1/embeddings, /v1/models
+routes/openai.py  /v1/completions, /v1/chat/completions, /v1/embeddings, /v1/models
 generate.py       submit / join / usage helpers shared by the generation routes
 streaming.py      server-sent events; a disconnect cancels the request
-routes_health.py  /health, /ready, /metrics
-routes_admin.py   /admin/batch-policy, /admin/memory
+routes/health.py  /health, /ready, /metrics
+routes/admin.py   /admin/batch-policy, /admin/memory
 lifecycle.py      graceful drain on SIGTERM, run_server()
 """
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -19,11 +20,11 @@ from typing import Any
 from fastapi import FastAPI
 
 from runtime.config import Settings, load_settings
-from runtime.server import routes_admin, routes_health, routes_legacy, routes_openai, routes_rollout
 from runtime.server.auth import api_key_dependencies
 from runtime.server.errors import install_error_handlers
 from runtime.server.guard import Guard
 from runtime.server.rollout_wiring import attach_rollout, attach_rollout_sync
+from runtime.server.routes import admin, health, legacy, openai, rollout
 from runtime.server.state import ServerState
 
 log = logging.getLogger("fastllm.server")
@@ -42,18 +43,16 @@ def create_app(settings: Settings | None = None, *, state: ServerState | None = 
     )
     app.state.fastllm = state
     install_error_handlers(app)
-    app.include_router(
-        routes_openai.router, dependencies=api_key_dependencies(state.settings.api_keys)
-    )
-    app.include_router(routes_admin.router)
-    app.include_router(routes_rollout.router)
+    app.include_router(openai.router, dependencies=api_key_dependencies(state.settings.api_keys))
+    app.include_router(admin.router)
+    app.include_router(rollout.router)
     app.state.rollout = attach_rollout(state)  # canary weights, promotion, automatic rollback
     app.state.rollout_sync = attach_rollout_sync(state, app.state.rollout)  # across replicas
     if state.settings.legacy_support:  # the deprecated POST /predict of older runtimes
         app.include_router(
-            routes_legacy.router, dependencies=api_key_dependencies(state.settings.api_keys)
+            legacy.router, dependencies=api_key_dependencies(state.settings.api_keys)
         )
-    app.include_router(routes_health.router)
+    app.include_router(health.router)
     app.add_middleware(Guard, state=state)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
@@ -84,9 +83,10 @@ async def _load(state: ServerState) -> None:
     state.is_loading = True
     try:
         for model, version, engine in state.router.engines():
+            started = time.monotonic()
             await asyncio.to_thread(engine.load)
             engine.start()
-            log.info("model %s (%s) loaded", model, version)
+            log.info("model %s (%s) loaded in %.1fs", model, version, time.monotonic() - started)
     except Exception as exc:  # ModelLoadError and anything a broken checkpoint throws
         state.load_error = f"model failed to load: {exc}"
         log.error("%s", state.load_error)

@@ -3,7 +3,7 @@
 Typed `FastllmError`s carry their own status; request-body validation becomes a 400 (never
 FastAPI's 422); unknown routes / methods keep their 404 / 405 in the same shape. Each failed API
 request is recorded once as a `RequestStats` with a `failure_reason`, except those the engine
-already recorded (admitted requests and its own Overloaded refusals; see runtime.engine).
+already recorded (admitted requests and its own Overloaded refusals; see runtime.engine.engine).
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
+from runtime.engine.reasons import FailureReason
+from runtime.engine.stats import FanOut, RequestStats
 from runtime.errors import FastllmError, Overloaded, ServiceUnavailable
 from runtime.server.schemas import ErrorResponse
-from runtime.stats import FanOut, RequestStats
 
 _HTTP_TYPES = {404: "not_found_error", 405: "invalid_request_error"}
 
@@ -41,12 +42,12 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def failure_reason(status: int) -> str:
+def failure_reason(status: int) -> FailureReason:
     if status == 504:
-        return "timeout"
+        return FailureReason.TIMEOUT
     if status in (429, 503):
-        return "overloaded"
-    return "validation" if status < 500 else "internal"
+        return FailureReason.OVERLOADED
+    return FailureReason.VALIDATION if status < 500 else FailureReason.INTERNAL
 
 
 def error_payload(

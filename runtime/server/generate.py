@@ -17,12 +17,13 @@ from typing import Any
 
 from starlette.requests import Request
 
+from runtime.engine.reasons import FinishReason
+from runtime.engine.request import GenerationRequest, RequestHandle, TokenOutput
+from runtime.engine.sampling import SamplingParams
 from runtime.errors import Overloaded, RequestCancelled
-from runtime.request import GenerationRequest, RequestHandle, TokenOutput
-from runtime.router import Route
-from runtime.sampling import SamplingParams
 from runtime.server.schemas import _Sampling
 from runtime.server.state import get_state
+from runtime.serving.router import Route
 
 
 @dataclass
@@ -110,7 +111,7 @@ async def join(request: Request, submitted: Submitted) -> TokenOutput:
         if result not in done:
             submitted.cancel()  # the handle then ends with "cancelled" at once
         out = await result
-        if out.finished_reason == "cancelled":
+        if out.finished_reason == FinishReason.CANCELLED:
             raise RequestCancelled("the client went away; the request was cancelled")
         return out
     finally:

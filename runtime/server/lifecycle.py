@@ -108,6 +108,7 @@ def run_server(
     grace_s: float,
     unready_s: float = 0.0,
     log_level: str = "info",
+    access_log: bool = True,
 ) -> int:
     """Serve `app` until SIGTERM / SIGINT has drained it; returns the process exit status."""
     config = uvicorn.Config(
@@ -115,7 +116,7 @@ def run_server(
         host=host,
         port=port,
         log_level=log_level,
-        access_log=False,
+        access_log=access_log,
         timeout_graceful_shutdown=5,
         lifespan="on",
     )

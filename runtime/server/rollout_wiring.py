@@ -8,7 +8,7 @@ on), and, for a promotion, a background drain of the retired engine.
                                                              operator
 
 With peers configured (`rollout_peers`, `rollout_peers_dns`), a RolloutSync keeps the replicas
-agreeing (runtime/rollout_sync.py). An event adopted from a peer moves this replica's weight
+agreeing (runtime/serving/rollout_sync.py). An event adopted from a peer moves this replica's weight
 gauge and events counter, but the rollback counter and the `alert_events` row belong to the
 replica that decided it, so summing over replicas counts each decision once.
 """
@@ -22,10 +22,10 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from runtime.peers import replica_urls
-from runtime.rollout import RolloutController, RolloutEvent, RolloutPolicy
-from runtime.rollout_sync import RolloutSync
 from runtime.server.state import ServerState
+from runtime.serving.peers import replica_urls
+from runtime.serving.rollout import RolloutController, RolloutEvent, RolloutPolicy
+from runtime.serving.rollout_sync import RolloutSync
 
 log = logging.getLogger("fastllm.rollout")
 ROLLBACK_ALERT = "FastllmCanaryRolledBack"

@@ -16,9 +16,10 @@ from prometheus_client import CollectorRegistry
 from starlette.requests import Request
 
 from runtime.config import Settings
-from runtime.router import Router
+from runtime.engine.client import EngineClient
+from runtime.engine.stats import FanOut
 from runtime.server.lifecycle import Drain
-from runtime.stats import FanOut
+from runtime.serving.router import Router
 
 # start_span(request_id, traceparent, attributes) opens the request's SERVER span
 SpanStarter = Callable[[str, str | None, Mapping[str, Any]], object]
@@ -42,7 +43,7 @@ class ServerState:
     engines_stopped: bool = False
 
     @property
-    def engines(self) -> list[Any]:
+    def engines(self) -> list[EngineClient]:
         return [engine for _, _, engine in self.router.engines()]
 
     @property

@@ -17,8 +17,9 @@ import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from runtime.engine.reasons import FinishReason
+from runtime.engine.request import RequestHandle
 from runtime.errors import FastllmError, RequestCancelled
-from runtime.request import RequestHandle
 from runtime.server.errors import error_payload
 
 # builds one chunk's JSON object from (text delta, finish_reason)
@@ -93,7 +94,7 @@ async def token_events(
             prompt_tokens, completion_tokens = last.prompt_tokens, last.completion_tokens
             text = "".join([out.text for out in outputs])
             error: FastllmError | None = last.error
-            if error is None and last.finished_reason == "cancelled":
+            if error is None and last.finished_reason == FinishReason.CANCELLED:
                 error = RequestCancelled("the request was cancelled")
             if error is not None:
                 if text:

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from runtime.config import Settings
-from runtime.engine import Engine, EngineConfig
+from runtime.engine.engine import Engine, EngineConfig
+from runtime.engine.stats import FanOut
 from runtime.models.loader import resolve_device
-from runtime.replicas import ReplicaSet
-from runtime.router import Router
 from runtime.server.state import ServerState
-from runtime.stats import FanOut
+from runtime.serving.replicas import ReplicaSet
+from runtime.serving.router import Router
 
 log = logging.getLogger("fastllm.server")
 
@@ -128,7 +128,7 @@ def attach_verification(state: ServerState) -> None:
     """Sampled requests of every engine are re-checked on the reference path (runtime.verify);
     the probes go through the same fan-out (writer rows, anomaly counter). Registered after the
     writer, so it is closed (its queue finished) before the writer flushes."""
-    from runtime.verify import Verifier
+    from runtime.verify.verifier import Verifier
 
     verifier = Verifier.from_settings(state.settings, state.stats, autostart=False)
     for _, _, engine in state.router.engines():

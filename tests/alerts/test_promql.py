@@ -6,10 +6,10 @@ import math
 
 import pytest
 
+from alerts.errors import AlertRuleError
 from alerts.promql import Evaluator, parse
 from alerts.promql.types import make_labels
 from alerts.store import MemorySampleStore
-from runtime.errors import AlertRuleError
 
 
 def _store(series: dict[str, list[float | None]], step: float = 60.0) -> MemorySampleStore:

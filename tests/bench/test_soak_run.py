@@ -14,7 +14,7 @@ from bench.soak_run import (
     growth_pct,
     summarize,
 )
-from runtime.stats import AllocatorStats, RequestStats, StepStats, TierStats
+from runtime.engine.stats import AllocatorStats, RequestStats, StepStats, TierStats
 
 
 def _sample(n: int, rss: int, footprint: int = 100) -> MemorySample:

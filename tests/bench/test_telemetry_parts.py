@@ -8,7 +8,7 @@ import pytest
 
 from bench.telemetry import overhead_pct
 from bench.telemetry_parts import RoundResult, TimedSink, thread_cpu_s
-from runtime.stats import FanOut, RequestStats
+from runtime.engine.stats import FanOut, RequestStats
 
 
 class _Recorder:

@@ -39,7 +39,7 @@ from tests.dashboards.support import ROOT, dsn, run_init_script
 from tests.fixtures.pgcluster import PostgresCluster
 from tests.fixtures.prometheus import PromHandle, start_prometheus
 from tests.runtime.server.live import LiveServer
-from tests.runtime.verify_support import corrupting
+from tests.runtime.verify.support import corrupting
 
 MODEL = "llama"
 RULES = ROOT / "alerts/rules/fastllm.rules.yml"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from runtime.stats import (
+from runtime.engine.stats import (
     AllocatorStats,
     RequestEvent,
     RequestStats,

@@ -98,17 +98,15 @@ def test_anomalies_beyond_threshold_including_nan(sink: PrometheusSink) -> None:
 
 
 def test_steals_and_dropped_rows(sink: PrometheusSink) -> None:
-    sink.record_steals()
-    sink.record_steals(4)
     sink.on_log_dropped(3)
-    assert value(sink, "fastllm_scheduler_steals_total") == 5
     pool_steals = [2]  # cumulative, as PoolStats.num_steals
     sink.set_steals_source(lambda: pool_steals[0])
     sink.record(step=syn.step(1, ts=1.0))
+    assert value(sink, "fastllm_scheduler_steals_total") == 2
     pool_steals[0] = 6
     sink.record(step=syn.step(2, ts=2.0))
     sink.record(step=syn.step(3, ts=3.0))
-    assert value(sink, "fastllm_scheduler_steals_total") == 5 + 6
+    assert value(sink, "fastllm_scheduler_steals_total") == 6  # synced, not added twice
     assert value(sink, "fastllm_inference_log_dropped_total") == 3
 
 

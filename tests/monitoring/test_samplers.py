@@ -5,7 +5,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from monitoring.samplers import MemoryCollector, gpu_memory_source, nvml_utilization_source
-from runtime.stats import AllocatorStats
+from runtime.engine.stats import AllocatorStats
 from tests.monitoring import synthetic as syn
 
 

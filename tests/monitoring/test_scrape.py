@@ -57,7 +57,8 @@ def feed(mon: Monitoring, requests: list, start_step: int) -> None:
         mon.prometheus.record(step=step, finished=[request])
     mon.prometheus.record(finished=[syn.rejected_request("bad", ts=now)])
     mon.prometheus.record(verified=[syn.verification("geglu", 1.0, ts=now)])
-    mon.prometheus.record_steals(2)
+    mon.prometheus.set_steals_source(lambda: 2)
+    mon.prometheus.record(step=syn.step(start_step + len(requests), ts=now))
     mon.prometheus.on_log_dropped()
 
 

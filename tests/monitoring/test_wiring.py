@@ -12,7 +12,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from monitoring.tracing import TracingSink, create_tracer_provider, request_attributes
 from monitoring.wiring import create_monitoring, package_version
 from runtime.config import Settings
-from runtime.stats import FanOut
+from runtime.engine.stats import FanOut
 from tests.monitoring import synthetic as syn
 
 
@@ -103,7 +103,8 @@ def test_create_monitoring_wires_build_info_and_sinks() -> None:
 def test_registries_are_per_instance() -> None:
     first = create_monitoring(Settings(model_name="a"))
     second = create_monitoring(Settings(model_name="a"))
-    first.prometheus.record_steals(3)
+    first.prometheus.set_steals_source(lambda: 3)
+    first.prometheus.record(step=syn.step(1, ts=1.0))
     assert first.registry.get_sample_value("fastllm_scheduler_steals_total") == 3
     assert second.registry.get_sample_value("fastllm_scheduler_steals_total") == 0
 

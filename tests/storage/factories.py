@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from runtime.stats import RequestStats, VerificationResult
+from runtime.engine.stats import RequestStats, VerificationResult
 
 PER_OP_PROBES = ("geglu", "rms_norm", "rotary", "attention")
 

@@ -28,7 +28,7 @@ from storage.audit import default_threshold
 from storage.db import make_engine, upgrade
 from storage.models import InferenceLog
 from storage.writer import InferenceLogWriter
-from tests.runtime.verify_support import corrupting, random_prompts, serve, verified_engine
+from tests.runtime.verify.support import corrupting, random_prompts, serve, verified_engine
 
 OPS = ("logit", "rms_norm", "rotary", "attention", "geglu")
 

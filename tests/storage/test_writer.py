@@ -4,7 +4,7 @@ import random
 
 from sqlalchemy import Engine, func, select
 
-from runtime.stats import RequestStats
+from runtime.engine.stats import RequestStats
 from storage.models import InferenceLog
 from storage.writer import InferenceLogWriter
 from tests.storage.factories import PER_OP_PROBES, probe, request_stats
@@ -144,8 +144,8 @@ def test_writer_migrates_a_fresh_database(db_url: str) -> None:
 def test_only_connection_problems_are_retried() -> None:
     from sqlalchemy.exc import IntegrityError, OperationalError
 
-    from runtime.errors import StorageError
     from storage.drain import is_transient
+    from storage.errors import StorageError
 
     refused = OperationalError("INSERT", {}, Exception("connection refused"))
     assert is_transient(refused)

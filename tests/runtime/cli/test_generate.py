@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 from runtime.cli import cli, main
-from runtime.generation import generate
+from runtime.engine.offline import generate
+from runtime.engine.sampling import SamplingParams
 from runtime.models.loader import load_model
-from runtime.sampling import SamplingParams
 
 
 def _main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

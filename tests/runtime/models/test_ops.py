@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime.kv_cache import SequenceKV
+from runtime.memory.kv_cache import SequenceKV
 from runtime.models import SeqSlice, load_model, ops
 from tests.runtime.models.builders import build_gemma, build_llama
 

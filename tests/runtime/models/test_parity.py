@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.kv_cache import SequenceKV
+from runtime.memory.kv_cache import SequenceKV
 from runtime.models import CausalLM, SeqSlice, load_model
 from tests.runtime.models.builders import build_gemma, build_llama, build_qwen2, hf_model
 

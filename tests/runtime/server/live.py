@@ -15,12 +15,12 @@ import httpx
 import uvicorn
 
 from runtime.config import Settings
-from runtime.engine import Engine, EngineConfig
-from runtime.router import Router
+from runtime.engine.engine import Engine, EngineConfig
+from runtime.engine.stats import FanOut
 from runtime.server import create_app
 from runtime.server.state import ServerState
 from runtime.server.wiring import build_state
-from runtime.stats import FanOut
+from runtime.serving.router import Router
 
 API_KEY = "sk-test-key"
 ADMIN_TOKEN = "admin-test-token"

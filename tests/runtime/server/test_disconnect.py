@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from tests.runtime.engine_support import RecordingSink
+from tests.runtime.engine.support import RecordingSink
 from tests.runtime.server.live import API_KEY, LiveServer
 
 NUM_CLIENTS = 20

@@ -11,10 +11,10 @@ import httpx
 import openai
 import pytest
 
-from runtime.engine import Engine, EngineConfig
+from runtime.engine.engine import Engine, EngineConfig
+from runtime.engine.stats import FanOut
 from runtime.models.loader import LoadedModel, load_model
-from runtime.stats import FanOut
-from tests.runtime.engine_support import ModelHooks
+from tests.runtime.engine.support import ModelHooks
 from tests.runtime.server.live import (
     ADMIN_TOKEN,
     API_KEY,

@@ -14,9 +14,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from runtime.generation import generate
+from runtime.engine.offline import generate
+from runtime.engine.sampling import SamplingParams
 from runtime.models.loader import load_model
-from runtime.sampling import SamplingParams
 from tests.runtime.models.builders import to_legacy
 from tests.runtime.server.live import API_KEY, engine_for, light_settings, live_server, router_of
 

@@ -17,9 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
 from runtime.cli import main
+from runtime.engine.stats import FanOut
 from runtime.models import ops
-from runtime.router import Router
-from runtime.stats import FanOut
+from runtime.serving.router import Router
 from storage import InferenceLog, MetricStore, open_database
 from tests.runtime.server.live import (
     ADMIN_TOKEN,

@@ -1,8 +1,8 @@
 """Rollout across two live replicas, each with its own controller and the other as its peer
-(runtime/rollout_sync.py): `fastllm rollout` fans out to both and reports each; a faulty canary
-rolled back automatically on one replica (the only one that got traffic) shows in the other's
-status, marked as adopted; an operator action on one reaches the other; a periodic sync round
-adopts a peer's event with no nudge at all.
+(runtime/serving/rollout_sync.py): `fastllm rollout` fans out to both and reports each; a faulty
+canary rolled back automatically on one replica (the only one that got traffic) shows in the
+other's status, marked as adopted; an operator action on one reaches the other; a periodic sync
+round adopts a peer's event with no nudge at all.
 
 Both replicas' periodic rounds are an hour apart here, so what reaches the other replica in the
 first two tests came through the nudge a deciding replica sends its peers."""
@@ -20,9 +20,9 @@ import httpx
 import pytest
 
 from runtime.models import ops
-from runtime.rollout import RolloutController
-from runtime.rollout_sync import RolloutSync
-from runtime.router import Router
+from runtime.serving.rollout import RolloutController
+from runtime.serving.rollout_sync import RolloutSync
+from runtime.serving.router import Router
 from tests.runtime.server.live import (
     ADMIN_TOKEN,
     LiveServer,

@@ -1,0 +1,243 @@
+"""Adaptive batch policy: a controller that owns the batch-size limit (sequences per engine step).
+
+Control law, evaluated once per control interval from one utilization reading u:
+
+    u < min_util  ->  grow:   limit = max(limit + 1, round(limit * (1 + step_up)))    (+20%)
+    u > max_util  ->  shrink: limit = min(limit - 1, round(limit * (1 - step_down)))  (-10%)
+    otherwise     ->  hold;   u = None (no data) -> hold
+    limit is then clamped to [min_batch, max_batch].
+
+Growing faster than shrinking finds headroom quickly and backs off gently.
+`set_batch_policy(min_util, max_util, step_size)` sets the band and BOTH step sizes to
+`step_size` (the DESIGN.md call passes a single step); it is applied at the next evaluation,
+never between two.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.engine.batching.utilization import (
+    BusyFractionSource,
+    BusyTracker,
+    FakeUtilization,
+    NvmlUtilization,
+    UtilizationSource,
+    make_utilization_source,
+)
+from runtime.errors import ConfigError, InvalidRequestError
+
+__all__ = [
+    "AdaptiveBatchController",
+    "BatchControllerStats",
+    "BatchDecision",
+    "BatchPolicyConfig",
+    "BusyFractionSource",
+    "BusyTracker",
+    "FakeUtilization",
+    "NvmlUtilization",
+    "UtilizationSource",
+    "make_utilization_source",
+    "next_limit",
+]
+
+
+def _check_band(
+    min_util: float, max_util: float, err: type[ConfigError | InvalidRequestError]
+) -> None:
+    if not 0.0 <= min_util < max_util <= 1.0:
+        raise err(
+            f"need 0 <= min_util < max_util <= 1, got {min_util}, {max_util}", param="min_util"
+        )
+
+
+def _check_step(name: str, value: float, err: type[ConfigError | InvalidRequestError]) -> None:
+    if not 0.0 < value <= 1.0:
+        raise err(f"{name} must be in (0, 1], got {value}", param=name)
+
+
+@dataclass(frozen=True)
+class BatchPolicyConfig:
+    min_util: float = 0.6  # below: grow
+    max_util: float = 0.8  # above: shrink
+    step_up: float = 0.2  # relative growth per interval
+    step_down: float = 0.1  # relative shrink per interval
+    min_batch: int = 1
+    max_batch: int = 64
+    initial: int = 16
+    interval_s: float = 1.0  # control interval (seconds on the caller's clock)
+
+    def __post_init__(self) -> None:
+        _check_band(self.min_util, self.max_util, ConfigError)
+        _check_step("step_up", self.step_up, ConfigError)
+        _check_step("step_down", self.step_down, ConfigError)
+        if not 1 <= self.min_batch <= self.initial <= self.max_batch:
+            raise ConfigError(
+                "need 1 <= min_batch <= initial <= max_batch, got "
+                f"{self.min_batch}, {self.initial}, {self.max_batch}",
+                param="initial",
+            )
+        if not self.interval_s > 0:
+            raise ConfigError(f"interval_s must be > 0, got {self.interval_s}", param="interval_s")
+
+    @classmethod
+    def from_settings(cls, settings: Any, *, max_batch: int | None = None) -> BatchPolicyConfig:
+        """From runtime.config.Settings (or anything with its field names, e.g. EngineConfig).
+        `max_batch` overrides `max_num_seqs` (the engine caps it by its token budget); the lower
+        bound and `initial_num_seqs` are clamped into the bounds so that lowering only the upper
+        bound (say to 8) does not trip over the default initial of 16."""
+        hi = settings.max_num_seqs if max_batch is None else max_batch
+        lo = min(settings.min_num_seqs, hi)
+        return cls(
+            min_util=settings.min_util,
+            max_util=settings.max_util,
+            step_up=settings.step_up,
+            step_down=settings.step_down,
+            min_batch=lo,
+            max_batch=hi,
+            initial=min(hi, max(lo, settings.initial_num_seqs)),
+            interval_s=settings.control_interval_s,
+        )
+
+
+def next_limit(limit: int, utilization: float | None, config: BatchPolicyConfig) -> tuple[int, str]:
+    """The control law as a pure function: (new limit, action), action one of grow | shrink | hold |
+    no_data | bound (the law asked for a change but the limit already sits at that bound)."""
+    if utilization is None:
+        return limit, "no_data"
+    if utilization < config.min_util:
+        proposed, action = max(limit + 1, int(limit * (1 + config.step_up) + 0.5)), "grow"
+    elif utilization > config.max_util:
+        proposed, action = min(limit - 1, int(limit * (1 - config.step_down) + 0.5)), "shrink"
+    else:
+        return limit, "hold"
+    new = min(config.max_batch, max(config.min_batch, proposed))
+    return new, action if new != limit else "bound"
+
+
+@dataclass(frozen=True)
+class BatchDecision:
+    """One evaluation of the control law."""
+
+    ts: float  # the `now` passed to maybe_update (caller's clock)
+    utilization: float | None
+    old_limit: int
+    new_limit: int
+    action: str  # grow | shrink | hold | no_data | bound
+
+
+@dataclass(frozen=True)
+class BatchControllerStats:
+    limit: int
+    config: BatchPolicyConfig
+    num_updates: int
+    num_grows: int
+    num_shrinks: int
+    num_holds: int  # hold + bound
+    num_no_data: int
+    last_utilization: float | None
+    recent: tuple[BatchDecision, ...]  # newest last
+
+
+class AdaptiveBatchController:
+    """Owns the batch-size limit. Thread-safe: the engine loop calls `maybe_update` / reads `limit`,
+    an admin endpoint calls `set_batch_policy` from another thread."""
+
+    def __init__(
+        self,
+        config: BatchPolicyConfig | None = None,
+        source: UtilizationSource | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        history: int = 256,
+    ) -> None:
+        self._config = config or BatchPolicyConfig()
+        self._source: UtilizationSource = source or FakeUtilization(None)
+        self._clock = clock
+        self._limit = self._config.initial
+        self._next_eval: float | None = None  # set by the first maybe_update: a full interval first
+        self._lock = threading.Lock()
+        self._recent: deque[BatchDecision] = deque(maxlen=history)
+        self._counts = dict.fromkeys(("grow", "shrink", "hold", "bound", "no_data"), 0)
+        self._last_util: float | None = None
+
+    @classmethod
+    def from_settings(
+        cls, settings: Any, source: UtilizationSource | None = None, **kwargs: Any
+    ) -> AdaptiveBatchController:
+        return cls(BatchPolicyConfig.from_settings(settings), source, **kwargs)
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @property
+    def config(self) -> BatchPolicyConfig:
+        return self._config
+
+    @property
+    def source(self) -> UtilizationSource:
+        return self._source
+
+    def maybe_update(self, now: float | None = None) -> int:
+        """Evaluate the law if a control interval has passed since the last evaluation (the first
+        call only starts the clock). Cheap enough to call every engine step. Returns the limit."""
+        now = self._clock() if now is None else now
+        with self._lock:
+            if self._next_eval is None:
+                self._next_eval = now + self._config.interval_s
+                return self._limit
+            if now < self._next_eval:
+                return self._limit
+            # after a stall, restart from now instead of firing a burst of catch-up evaluations
+            self._next_eval += self._config.interval_s
+            if self._next_eval <= now:
+                self._next_eval = now + self._config.interval_s
+        return self.update(now)
+
+    def update(self, now: float | None = None) -> int:
+        """Evaluate the law once, right now (tests and manual control)."""
+        now = self._clock() if now is None else now
+        utilization = self._source.read()  # outside the lock: NVML may take a moment
+        with self._lock:
+            old = self._limit
+            self._limit, action = next_limit(old, utilization, self._config)
+            self._counts[action] += 1
+            self._last_util = utilization
+            self._recent.append(BatchDecision(now, utilization, old, self._limit, action))
+            return self._limit
+
+    def set_batch_policy(self, min_util: float, max_util: float, step_size: float) -> None:
+        """Change the band and both step sizes at run time; used from the next evaluation on.
+        Bad values raise InvalidRequestError (the admin endpoint answers 400)."""
+        _check_band(min_util, max_util, InvalidRequestError)
+        _check_step("step_size", step_size, InvalidRequestError)
+        with self._lock:
+            self._config = dataclasses.replace(
+                self._config,
+                min_util=min_util,
+                max_util=max_util,
+                step_up=step_size,
+                step_down=step_size,
+            )
+
+    def stats(self) -> BatchControllerStats:
+        with self._lock:
+            c = self._counts
+            return BatchControllerStats(
+                limit=self._limit,
+                config=self._config,
+                num_updates=sum(c.values()),
+                num_grows=c["grow"],
+                num_shrinks=c["shrink"],
+                num_holds=c["hold"] + c["bound"],
+                num_no_data=c["no_data"],
+                last_utilization=self._last_util,
+                recent=tuple(self._recent),
+            )

@@ -1,0 +1,113 @@
+"""What the engine builds once the model is loaded: allocator, KV cache, scheduler, runner, loop.
+
+Built inside the call-once load, so a half-built engine is never visible to another thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.engine.batching.controller import AdaptiveBatchController, BusyTracker
+from runtime.engine.config import EngineConfig
+from runtime.engine.core import EngineCore
+from runtime.engine.model_runner import ModelRunner
+from runtime.engine.scheduler import Scheduler
+from runtime.engine.sequence import Sequence
+from runtime.engine.stats import StatsSink
+from runtime.errors import ModelLoadError
+from runtime.memory import Allocator, get_allocator
+from runtime.memory.kv_cache import KVCache
+from runtime.models.loader import LoadedModel, load_model
+from runtime.models.tokenizer import Tokenizer
+
+
+@dataclass
+class EngineParts:
+    loaded: LoadedModel
+    tokenizer: Tokenizer
+    allocator: Allocator
+    kv_cache: KVCache
+    controller: AdaptiveBatchController
+    core: EngineCore
+    embed_lock: threading.Lock = field(
+        default_factory=threading.Lock
+    )  # one encoder forward at a time
+    debug_leaked: list[Any] = field(default_factory=list)  # blocks held on purpose (debug setting)
+
+    def kv_cache_fits(self, num_tokens: int) -> bool:
+        """Could a sequence of `num_tokens` ever get KV room (with the cache otherwise empty)?"""
+        kv = self.kv_cache
+        return kv.capacity_for(num_tokens) * kv.bytes_per_token <= kv.max_bytes
+
+
+def default_loader(config: EngineConfig) -> Callable[[], LoadedModel]:
+    def load() -> LoadedModel:
+        if config.model_path is None:
+            raise ModelLoadError("no model_path configured and no loader given")
+        return load_model(
+            config.model_path,
+            dtype=config.dtype,
+            device=config.device,
+            legacy_support=config.legacy_support,
+        )
+
+    return load
+
+
+def build_parts(
+    config: EngineConfig,
+    loaded: LoadedModel,
+    controller: AdaptiveBatchController,
+    tracker: BusyTracker,
+    sink: StatsSink | None,
+    allocator: Allocator | None = None,
+) -> EngineParts:
+    if loaded.tokenizer is None:
+        raise ModelLoadError(f"{loaded.path}: the engine needs the model's tokenizer")
+    args = loaded.args
+    allocator = allocator or get_allocator(loaded.device)  # one per device, shared by replicas
+    kv_cache = KVCache(
+        num_layers=args.num_layers,
+        num_kv_heads=args.num_kv_heads,
+        head_dim=args.head_dim,
+        dtype=loaded.dtype,
+        device=loaded.device,
+        allocator=allocator,
+        max_bytes=config.kv_cache_bytes,
+    )
+    core = EngineCore(
+        config,
+        Scheduler(config.scheduler, kv_cache),
+        ModelRunner(loaded),
+        controller,
+        tracker,
+        sink,
+        allocator_stats=allocator.stats,
+    )
+    parts = EngineParts(
+        loaded,
+        loaded.tokenizer,
+        allocator,
+        kv_cache,
+        controller,
+        core,
+    )
+    if config.debug_leak_blocks_per_request > 0:
+        core.on_close = _debug_leaker(parts, config.debug_leak_blocks_per_request)
+    return parts
+
+
+def _debug_leaker(parts: EngineParts, num_blocks: int) -> Callable[[Sequence], None]:
+    """Debug aid for the memory-growth alert: hold small blocks per request, never released."""
+
+    def leak(seq: Sequence) -> None:
+        for _ in range(num_blocks):
+            block = parts.allocator.alloc(
+                (1024,), parts.loaded.dtype, owner=f"debug-leak:{seq.request_id}"
+            )
+            parts.debug_leaked.append(block)
+
+    return leak

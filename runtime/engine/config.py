@@ -1,0 +1,93 @@
+"""The engine's one config object, derived from runtime.config.Settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runtime.engine.batching.controller import BatchPolicyConfig
+from runtime.engine.scheduler import SchedulerConfig
+from runtime.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_path: Path | None = None  # None: a `loader` must be given to Engine
+    model_name: str = ""  # `model` label on stats; defaults to the directory name
+    model_version: str = "stable"
+    dtype: str = "float32"
+    device: str = "auto"
+    legacy_support: bool = False
+    max_num_seqs: int = 64  # upper bound of the batch (the adaptive limit never exceeds it)
+    min_num_seqs: int = 1
+    initial_num_seqs: int = 16
+    max_num_batched_tokens: int = 2048  # per-step token budget
+    max_queued_requests: int = 256
+    max_queued_tokens: int = 262144
+    request_timeout_s: float = 120.0
+    kv_cache_bytes: int = 1 << 30
+    min_util: float = 0.6
+    max_util: float = 0.8
+    step_up: float = 0.2
+    step_down: float = 0.1
+    control_interval_s: float = 1.0
+    idle_wait_s: float = 0.05  # how long the loop sleeps when nothing can run (timeouts still fire)
+    heap_trim_interval_s: float = 5.0  # malloc_trim between steps at most this often; 0: never
+    debug_leak_blocks_per_request: int = 0  # debug: allocator blocks leaked on purpose per request
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_num_seqs <= self.max_num_seqs:
+            raise ConfigError("need 1 <= min_num_seqs <= max_num_seqs", param="max_num_seqs")
+        if self.max_num_batched_tokens < 1 or self.max_queued_requests < 1:
+            raise ConfigError("token budget and queue bound must be positive")
+        if self.heap_trim_interval_s < 0:
+            raise ConfigError("heap_trim_interval_s must be >= 0", param="heap_trim_interval_s")
+        if self.request_timeout_s <= 0:
+            raise ConfigError("request_timeout_s must be positive", param="request_timeout_s")
+        self.batch_policy  # validates the band  # noqa: B018
+
+    @classmethod
+    def from_settings(cls, settings: Any, **overrides: Any) -> EngineConfig:
+        fields = {
+            "model_path": Path(settings.model_path),
+            "model_name": settings.served_model_name,
+            "model_version": settings.model_version,
+            "dtype": settings.dtype,
+            "device": settings.device,
+            "legacy_support": settings.legacy_support,
+            "max_num_seqs": settings.max_num_seqs,
+            "min_num_seqs": settings.min_num_seqs,
+            "initial_num_seqs": settings.initial_num_seqs,
+            "max_num_batched_tokens": settings.max_num_batched_tokens,
+            "max_queued_requests": settings.max_queued_requests,
+            "max_queued_tokens": settings.max_queued_tokens,
+            "request_timeout_s": settings.request_timeout_s,
+            "kv_cache_bytes": settings.kv_cache_bytes,
+            "min_util": settings.min_util,
+            "max_util": settings.max_util,
+            "step_up": settings.step_up,
+            "step_down": settings.step_down,
+            "control_interval_s": settings.control_interval_s,
+            "heap_trim_interval_s": settings.heap_trim_interval_s,
+            "debug_leak_blocks_per_request": settings.debug_leak_blocks_per_request,
+        }
+        fields.update(overrides)
+        return cls(**fields)
+
+    @property
+    def effective_max_num_seqs(self) -> int:
+        """A step feeds at least one token per running sequence, so the budget caps the batch."""
+        return min(self.max_num_seqs, self.max_num_batched_tokens)
+
+    @property
+    def batch_policy(self) -> BatchPolicyConfig:
+        return BatchPolicyConfig.from_settings(self, max_batch=self.effective_max_num_seqs)
+
+    @property
+    def scheduler(self) -> SchedulerConfig:
+        return SchedulerConfig(
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_queued_requests=self.max_queued_requests,
+            max_queued_tokens=self.max_queued_tokens,
+        )

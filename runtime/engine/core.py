@@ -1,0 +1,264 @@
+"""The engine's step loop on its own thread: schedule() → execute() → update_from_output().
+
+One lock (`self.lock`, a Condition) guards the scheduler, the live sequences and the pending stats;
+it is held while scheduling and updating, never during the model forward, so `submit` and
+`cancel` from other threads only ever wait for bookkeeping. Stats go to the sink after the update,
+outside the lock and outside the forward.
+
+A sequence that is cancelled or times out while it is part of the step being executed gets its
+final output at once, but its KV is freed right after that forward returns (the forward is still
+writing into it); every other sequence's KV is freed in the call itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import torch
+
+from runtime.engine.batching.controller import AdaptiveBatchController, BusyTracker
+from runtime.engine.config import EngineConfig
+from runtime.engine.model_runner import ModelRunner
+from runtime.engine.reasons import FailureReason, FinishReason
+from runtime.engine.request import TokenOutput
+from runtime.engine.scheduler import Scheduler, SchedulerOutput
+from runtime.engine.sequence import Sequence
+from runtime.engine.stats import AllocatorStats, RequestEvent, RequestStats, StatsSink, StepStats
+from runtime.errors import EngineInternalError, FastllmError, RequestTimeout
+from runtime.memory.host_heap import HeapTrimmer
+
+log = logging.getLogger(__name__)
+
+
+class EngineCore:
+    def __init__(
+        self,
+        config: EngineConfig,
+        scheduler: Scheduler,
+        runner: ModelRunner,
+        controller: AdaptiveBatchController,
+        tracker: BusyTracker,
+        sink: StatsSink | None,
+        allocator_stats: Callable[[], AllocatorStats] | None = None,
+        on_close: Callable[[Sequence], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.scheduler = scheduler
+        self.runner = runner
+        self.controller = controller
+        self.tracker = tracker
+        self.sink = sink
+        self.allocator_stats = allocator_stats
+        self.on_close = on_close  # called under the lock when a sequence closes (debug hooks)
+        self.lock = threading.Condition()
+        self.seqs: dict[str, Sequence] = {}  # live (not yet closed) sequences by request id
+        self.in_flight: set[str] = set()  # request ids in the step being executed
+        self.records: list[RequestStats] = []  # closed requests not yet handed to the sink
+        self.num_steps = 0
+        self.num_preemptions = 0
+        self.tokens_per_s = 0.0  # moving average of processed tokens / step wall time
+        self.trimmer = HeapTrimmer(config.heap_trim_interval_s)
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        with self.lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="fastllm-engine", daemon=True
+                )
+                self._thread.start()
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        with self.lock:
+            self._stop = True
+            self.lock.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
+
+    # --- called by the Engine (under self.lock) --------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        self.seqs[seq.request_id] = seq
+        self.scheduler.add(seq)
+        self.lock.notify_all()
+
+    def close(
+        self,
+        seq: Sequence,
+        *,
+        finished_reason: FinishReason | None = None,
+        error: FastllmError | None = None,
+        failure_reason: FailureReason | None = None,
+        output: TokenOutput | None = None,
+    ) -> None:
+        """Finish a sequence for good: final output, stats, and its KV freed (see module doc)."""
+        if seq.is_closed:
+            return
+        seq.is_closed = True
+        self.seqs.pop(seq.request_id, None)
+        event = (
+            RequestEvent.CANCELLED
+            if finished_reason == FinishReason.CANCELLED
+            else RequestEvent.FINISHED
+        )
+        seq.mark(event)
+        seq.stats.completion_tokens = len(seq.output_token_ids)
+        seq.stats.finished_reason = finished_reason
+        seq.stats.failure_reason = failure_reason
+        if output is None:
+            output = TokenOutput(
+                request_id=seq.request_id,
+                token_ids=[],
+                text="",
+                finished_reason=finished_reason,
+                prompt_tokens=seq.num_prompt_tokens,
+                completion_tokens=len(seq.output_token_ids),
+                error=error,
+            )
+        if seq.request_id not in self.in_flight:
+            self.scheduler.finish(seq)  # KV back before the caller sees the end of the stream
+        seq.handle.push(output)
+        self.records.append(seq.stats)
+        if self.on_close is not None:
+            self.on_close(seq)
+
+    def expire(self, now: float) -> None:
+        for seq in [s for s in self.seqs.values() if s.deadline <= now]:
+            limit = seq.request.timeout_s or self.config.request_timeout_s
+            error = RequestTimeout(f"request {seq.request_id} did not finish within {limit:g}s")
+            self.close(seq, error=error, failure_reason=FailureReason.TIMEOUT)
+
+    # --- the loop --------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self.lock:
+                if self._stop:
+                    return
+                self.expire(time.monotonic())
+                limit = self.controller.maybe_update(time.monotonic())
+                batch = self.scheduler.schedule(limit)
+                if batch.is_empty:
+                    records, self.records = self.records, []
+                    if not records:
+                        self.lock.wait(self.config.idle_wait_s)
+                else:
+                    self.in_flight = {item.seq.request_id for item in batch.items}
+            if not batch.is_empty:
+                self._step(batch, limit)
+            elif records:
+                self.emit(None, records)
+            # between steps and outside the lock: the heap's free pages back to the OS now and
+            # then, so RSS follows what is in use instead of the heap's fragmented high-water mark
+            self.trimmer.maybe_trim(time.monotonic())
+
+    def _step(self, batch: SchedulerOutput, limit: int) -> None:
+        started_ts, t0 = time.time(), time.perf_counter()
+        error: Exception | None = None
+        try:
+            sampled = self.runner.execute(batch)
+        except Exception as exc:  # a failed step fails its requests, not the engine
+            log.warning("engine step of %d sequences failed", len(batch.items), exc_info=True)
+            # drop the traceback: its frames hold views of the sequences' KV blocks
+            error, sampled = exc.with_traceback(None), []
+        busy_s = time.perf_counter() - t0
+        self.tracker.add_busy(busy_s)
+        with self.lock:
+            self.in_flight = set()
+            if isinstance(error, torch.OutOfMemoryError):
+                self._recover_oom(batch, error)
+            elif error is not None:
+                self._fail(batch, error)
+            else:
+                self.update_from_output(batch, sampled)
+            self.num_steps += 1
+            num_tokens = batch.num_prefill_tokens + batch.num_decode_tokens
+            rate = num_tokens / max(time.time() - started_ts, 1e-6)
+            self.tokens_per_s = (
+                rate if self.num_steps == 1 else 0.8 * self.tokens_per_s + 0.2 * rate
+            )
+            step = StepStats(
+                ts=time.time(),
+                step_id=self.num_steps,
+                num_seqs=len(batch.items),
+                num_prefill_tokens=batch.num_prefill_tokens,
+                num_decode_tokens=batch.num_decode_tokens,
+                num_sampled=sum(1 for token in sampled if token is not None),
+                busy_seconds=busy_s,
+                num_running=self.scheduler.num_running,
+                num_waiting=self.scheduler.num_waiting,
+                batch_size_limit=limit,
+                request_ids=tuple(item.seq.request_id for item in batch.items),
+                started_ts=started_ts,
+                model=self.config.model_name,
+                version=self.config.model_version,
+            )
+            records, self.records = self.records, []
+        self.emit(step, records)
+
+    def emit(self, step: StepStats | None, records: list[RequestStats]) -> None:
+        if self.sink is None:
+            return
+        if step is not None and self.allocator_stats is not None:
+            step = replace(step, allocator=self.allocator_stats())
+        with contextlib.suppress(Exception):  # telemetry must never stop the engine
+            self.sink.record(step=step, finished=records)
+
+    def update_from_output(self, batch: SchedulerOutput, sampled: list[int | None]) -> None:
+        batch_size = len(batch.items)
+        for item, token_id in zip(batch.items, sampled, strict=True):
+            seq = item.seq
+            if seq.is_closed:  # cancelled / timed out during the forward: free its KV now
+                self.scheduler.finish(seq)
+                continue
+            seq.num_computed_tokens += item.num_new_tokens
+            seq.stats.batch_size = max(seq.stats.batch_size, batch_size)
+            if token_id is None:
+                continue  # a prefill chunk that ended mid-prompt
+            seq.output_token_ids.append(token_id)
+            if len(seq.output_token_ids) == 1:
+                seq.mark(RequestEvent.FIRST_TOKEN)
+            text, reason = seq.stop_checker.push(token_id)
+            output = TokenOutput(
+                request_id=seq.request_id,
+                token_ids=[token_id],
+                text=text,
+                finished_reason=reason,
+                prompt_tokens=seq.num_prompt_tokens,
+                completion_tokens=len(seq.output_token_ids),
+            )
+            if reason is None:
+                seq.handle.push(output)
+            else:
+                self.close(seq, finished_reason=reason, output=output)
+
+    def _recover_oom(self, batch: SchedulerOutput, cause: Exception) -> None:
+        """Device memory ran out inside the forward (activations, not KV): preempt the newest
+        running sequence (free its KV, requeue it for recompute) and retry the rest next step.
+        A sequence alone in the batch cannot make room by waiting: it fails."""
+        for item in batch.items:
+            if item.seq.kv is not None:  # rewind a cursor the runner may have advanced
+                item.seq.kv.num_tokens = item.seq.num_computed_tokens
+            if item.seq.is_closed:
+                self.scheduler.finish(item.seq)
+        live = [s for s in self.scheduler.running if not s.is_closed]
+        if len(live) <= 1:
+            self._fail(batch, cause)
+            return
+        log.warning("out of memory in a step of %d sequences; preempting the newest", len(live))
+        self.scheduler.preempt(live[-1])
+        self.num_preemptions += 1
+
+    def _fail(self, batch: SchedulerOutput, cause: Exception) -> None:
+        message = f"engine step failed: {type(cause).__name__}: {cause}"
+        for item in batch.items:
+            error = EngineInternalError(message)
+            error.__cause__ = cause
+            self.close(item.seq, error=error, failure_reason=FailureReason.INTERNAL)
+            self.scheduler.finish(item.seq)  # also those closed during the forward

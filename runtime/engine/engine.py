@@ -1,0 +1,298 @@
+"""The engine: load once, admit requests, run the continuous-batching loop, emit stats.
+
+    engine = Engine(EngineConfig.from_settings(settings), sink=FanOut([...]))
+    engine.load()                                   # call-once; any thread; waiters share failures
+    handle = engine.submit(GenerationRequest("r1", prompt_ids, SamplingParams(max_tokens=32)))
+    for out in handle: ...                          # or `async for`, or handle.result()
+
+Thread-safety: every public method may be called from any thread. `submit` never blocks on the
+model once it is loaded (it only takes the bookkeeping lock), so asyncio code may call it
+directly; before the load is done use `await engine.asubmit(...)`, which waits in a thread.
+
+Stats the engine hands to the sink itself (the caller must not record these again): every request
+that submit() admitted (finished, cancelled, timeout, internal) and every submit() refused with
+Overloaded (failure_reason "overloaded"). InvalidRequestError / ServiceUnavailable raised by
+submit() are NOT recorded here: the caller records its validation failures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from runtime.engine.batching.controller import (
+    AdaptiveBatchController,
+    BusyTracker,
+    make_utilization_source,
+)
+from runtime.engine.build import EngineParts, build_parts, default_loader
+from runtime.engine.config import EngineConfig
+from runtime.engine.embed import EmbeddingResult, embed_texts
+from runtime.engine.load_once import CallOnce
+from runtime.engine.reasons import FailureReason, FinishReason
+from runtime.engine.request import (
+    GenerationRequest,
+    RequestHandle,
+    ValidatedRequest,
+    tokenize_prompt,
+)
+from runtime.engine.sampling import make_generator
+from runtime.engine.sequence import Sequence
+from runtime.engine.stats import AllocatorStats, RequestEvent, RequestStats, StatsSink
+from runtime.engine.stopping import StopChecker
+from runtime.errors import InvalidRequestError, Overloaded, ServiceUnavailable
+from runtime.memory import Allocator, LiveBlock
+from runtime.models.loader import LoadedModel
+from runtime.models.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from runtime.engine.client import SequenceVerifier
+
+__all__ = ["EmbeddingResult", "Engine", "EngineConfig"]
+
+
+class Engine:
+    def __init__(
+        self,
+        config: EngineConfig,
+        sink: StatsSink | None = None,
+        *,
+        loader: Callable[[], LoadedModel] | None = None,
+        allocator: Allocator | None = None,
+        verifier: SequenceVerifier | None = None,
+    ) -> None:
+        """`allocator`: default the process-wide one of the model's device (tests pass one).
+        `verifier`: sampled requests are re-checked on the reference path (runtime.verify); it
+        may also be set later (`engine.verifier = ...`); its owner starts and closes it."""
+        self.config = config
+        self.sink = sink
+        self.verifier = verifier
+        self._allocator = allocator
+        self._loader = loader or default_loader(config)
+        self._once: CallOnce[EngineParts] = CallOnce(self._build)
+        self._draining = False
+        self._tracker = BusyTracker(window_s=config.control_interval_s)
+
+    # --- loading ---------------------------------------------------------------------------------
+    def _build(self) -> EngineParts:
+        loaded = self._loader()
+        source = make_utilization_source(str(loaded.device), self.busy_fraction)
+        controller = AdaptiveBatchController(self.config.batch_policy, source)
+        parts = build_parts(
+            self.config, loaded, controller, self._tracker, self.sink, self._allocator
+        )
+        previous = parts.core.on_close  # the debug leaker, if configured
+
+        def on_close(seq: Sequence) -> None:  # under the core lock: only queues a job
+            if previous is not None:
+                previous(seq)
+            if self.verifier is not None and seq.is_verified:
+                self.verifier.submit_sequence(seq, loaded.model, loaded.dtype)
+
+        parts.core.on_close = on_close
+        return parts
+
+    def load(self) -> None:
+        self._once.get()
+
+    @property
+    def is_loaded(self) -> bool:
+        return self._once.is_done
+
+    @property
+    def _parts(self) -> EngineParts:
+        return self._once.get()
+
+    @property
+    def loaded(self) -> LoadedModel:
+        return self._parts.loaded
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._parts.tokenizer
+
+    def start(self) -> None:
+        self._parts.core.start()
+
+    # --- requests --------------------------------------------------------------------------------
+    def submit(self, request: GenerationRequest) -> RequestHandle:
+        return self.admit(self.validate(request))
+
+    def validate(self, request: GenerationRequest) -> ValidatedRequest:
+        """Every check a request must pass, once (InvalidRequestError naming the parameter).
+        The result can be admitted here or, by serving.ReplicaSet, on any replica."""
+        if self._draining:
+            raise ServiceUnavailable("the engine is shutting down", retry_after_s=5.0)
+        parts = self._parts  # loads the model (once) if nobody has yet
+        loaded = parts.loaded
+        if not loaded.is_causal_lm:
+            raise InvalidRequestError(
+                f"{self.config.model_name or loaded.path} is an embedding model; it cannot "
+                "generate text",
+                param="model",
+            )
+        params = request.sampling
+        ids = tokenize_prompt(
+            parts.tokenizer,
+            request.prompt_token_ids,
+            vocab_size=loaded.args.vocab_size,
+            context=loaded.args.max_position_embeddings,
+            max_tokens=params.max_tokens,
+        )
+        capacity = len(ids) + params.max_tokens
+        if not parts.kv_cache_fits(capacity):
+            raise InvalidRequestError(
+                f"prompt + max_tokens ({capacity} tokens) does not fit in this server's KV cache",
+                param="max_tokens",
+            )
+        if len(ids) > self.config.max_queued_tokens:
+            raise InvalidRequestError(
+                f"prompt is longer than the queue bound ({self.config.max_queued_tokens} tokens)",
+                param="prompt",
+            )
+        if request.timeout_s is not None and not request.timeout_s > 0:
+            raise InvalidRequestError("timeout must be positive", param="timeout")
+        timeout_s = request.timeout_s or self.config.request_timeout_s
+        stats = RequestStats(
+            request_id=request.request_id,
+            model=request.model or self.config.model_name,
+            version=request.version,
+            queued_ts=time.time(),
+            prompt_tokens=len(ids),
+            max_tokens=params.max_tokens,
+            operation=request.operation,
+            traceparent=request.traceparent,
+        )
+        return ValidatedRequest(request, ids, stats, deadline=time.monotonic() + timeout_s)
+
+    def admit(self, validated: ValidatedRequest) -> RequestHandle:
+        """Queue a validated request (Overloaded when admission control refuses it)."""
+        if self._draining:
+            raise ServiceUnavailable("the engine is shutting down", retry_after_s=5.0)
+        parts = self._parts
+        seq = self._new_sequence(parts, validated)
+        request = validated.request
+        core = parts.core
+        core.start()
+        with core.lock:
+            if self._draining:
+                raise ServiceUnavailable("the engine is shutting down", retry_after_s=5.0)
+            if request.request_id in core.seqs:
+                raise InvalidRequestError(
+                    f"request id {request.request_id!r} is already running", param="request_id"
+                )
+            refusal = core.scheduler.admission_refusal(seq.num_prompt_tokens)
+            if refusal is None:
+                seq.mark(RequestEvent.QUEUED, seq.stats.queued_ts)
+                core.add(seq)
+                return seq.handle
+            retry_after_s = self._retry_after_s(parts)
+        seq.stats.failure_reason = FailureReason.OVERLOADED
+        seq.stats.finished_ts = time.time()
+        if self.sink is not None:
+            self.sink.record(finished=[seq.stats])
+        raise Overloaded(f"engine overloaded: {refusal}", retry_after_s=retry_after_s)
+
+    async def asubmit(self, request: GenerationRequest) -> RequestHandle:
+        """`submit` for asyncio: waits for a model load in a worker thread, not on the loop."""
+        if self.is_loaded:
+            return self.submit(request)
+        return await asyncio.to_thread(self.submit, request)
+
+    def _new_sequence(self, parts: EngineParts, validated: ValidatedRequest) -> Sequence:
+        request, params = validated.request, validated.request.sampling
+        return Sequence(
+            request=request,
+            handle=RequestHandle(request.request_id, self.cancel),
+            stats=validated.stats,
+            deadline=validated.deadline,
+            stop_checker=StopChecker(parts.tokenizer, params, validated.prompt_ids),
+            generator=make_generator(params.seed, parts.loaded.device),
+            is_verified=self.verifier is not None
+            and self.verifier.should_verify(request.request_id),
+        )
+
+    def _retry_after_s(self, parts: EngineParts) -> float:
+        """How long the queued prompt tokens take at the recent throughput, within [1, 30] s."""
+        queued = parts.core.scheduler.num_queued_tokens
+        rate = parts.core.tokens_per_s
+        return 1.0 if rate <= 0 else min(30.0, max(1.0, queued / rate))
+
+    def cancel(self, request_id: str) -> bool:
+        """Cancel a live request: its handle ends with "cancelled" and its KV is freed at once
+        (or right after the forward it is part of). False when it is not live."""
+        if not self.is_loaded:
+            return False
+        core = self._parts.core
+        with core.lock:
+            seq = core.seqs.get(request_id)
+            if seq is None:
+                return False
+            core.close(seq, finished_reason=FinishReason.CANCELLED)
+            core.lock.notify_all()
+            return True
+
+    def embed(self, texts: list[str], *, request_id: str | None = None) -> EmbeddingResult:
+        if self._draining:
+            raise ServiceUnavailable("the engine is shutting down", retry_after_s=5.0)
+        parts = self._parts
+        return embed_texts(parts, texts, request_id=request_id, sink=self.sink)
+
+    # --- control and introspection ---------------------------------------------------------------
+    def set_batch_policy(self, min_util: float, max_util: float, step_size: float) -> None:
+        self._parts.controller.set_batch_policy(min_util, max_util, step_size)
+
+    @property
+    def batch_size_limit(self) -> int:
+        return self._parts.controller.limit
+
+    def allocator_stats(self) -> AllocatorStats:
+        return self._parts.allocator.stats()
+
+    def leak_report(self) -> list[LiveBlock]:
+        return self._parts.allocator.leak_report()
+
+    @property
+    def num_running(self) -> int:
+        return self._parts.core.scheduler.num_running if self.is_loaded else 0
+
+    @property
+    def num_waiting(self) -> int:
+        return self._parts.core.scheduler.num_waiting if self.is_loaded else 0
+
+    def busy_fraction(self) -> float | None:
+        """Share of the last control interval the engine spent in the model forward."""
+        return self._tracker.fraction()
+
+    @property
+    def is_draining(self) -> bool:
+        return self._draining
+
+    def shutdown(self, drain_timeout_s: float = 0.0) -> None:
+        """Stop admitting (ServiceUnavailable), let in-flight requests finish within the grace,
+        fail what is left with ServiceUnavailable, free its KV and stop the loop thread."""
+        self._draining = True
+        if not self.is_loaded:
+            return
+        core = self._parts.core
+        deadline = time.monotonic() + drain_timeout_s
+        with core.lock:
+            while core.seqs and time.monotonic() < deadline:
+                core.lock.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+            for seq in list(core.seqs.values()):
+                error = ServiceUnavailable("the engine shut down before the request finished")
+                core.close(seq, error=error, failure_reason=FailureReason.INTERNAL)
+        core.stop(timeout_s=max(5.0, drain_timeout_s))
+        with core.lock:  # anything closed during the last forward: free its KV now
+            for seq in list(core.scheduler.running) + list(core.scheduler.waiting):
+                core.scheduler.finish(seq)
+            records, core.records = core.records, []
+        core.emit(None, records)
+
+
+if TYPE_CHECKING:  # Engine implements the protocol the layers above are typed with
+    from runtime.engine.client import EngineClient
+
+    _conforms: type[EngineClient] = Engine

@@ -1,0 +1,55 @@
+"""Runs one scheduled step on the model: pack, forward, sample. Never touches the engine's queues.
+
+All sequences' new tokens go into one packed `input_ids[T]` (prefill chunks and decodes side by
+side); the model writes each sequence's K/V into its own `SequenceKV` and returns `hidden[T, H]`.
+Only the last row of a sequence whose chunk reaches its end is turned into logits and sampled.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import torch
+
+from runtime.engine.sampling import sample
+from runtime.engine.scheduler import SchedulerOutput
+from runtime.models.base import CausalLM, SeqSlice
+from runtime.models.loader import LoadedModel
+
+
+class ModelRunner:
+    def __init__(self, loaded: LoadedModel) -> None:
+        self.loaded = loaded
+        self.model = cast(CausalLM, loaded.model)
+        self.device = loaded.device
+
+    @torch.inference_mode()
+    def execute(self, batch: SchedulerOutput) -> list[int | None]:
+        """Sampled token per scheduled item (None for a prefill chunk that ends mid-prompt)."""
+        flat_ids: list[int] = []
+        slices: list[SeqSlice] = []
+        for item in batch.items:
+            seq = item.seq
+            assert seq.kv is not None and seq.kv.num_tokens == seq.num_computed_tokens
+            start = len(flat_ids)
+            flat_ids.extend(seq.pending_token_ids(item.num_new_tokens))
+            slices.append(SeqSlice(start=start, end=len(flat_ids), kv=seq.kv))
+        input_ids = torch.tensor(flat_ids, dtype=torch.long, device=self.device)  # [T]
+        hidden = self.model(input_ids, slices)  # [T, H]
+        # the KV of every fed token is written now: advance each cursor once (model contract)
+        for item, piece in zip(batch.items, slices, strict=True):
+            piece.kv.advance(item.num_new_tokens)
+
+        sampling_idx = [i for i, item in enumerate(batch.items) if item.samples]
+        sampled: list[int | None] = [None] * len(batch.items)
+        if not sampling_idx:
+            return sampled
+        rows = torch.tensor([slices[i].end - 1 for i in sampling_idx], device=self.device)
+        logits = self.model.compute_logits(hidden.index_select(0, rows))  # [N, vocab] float32
+        seqs = [batch.items[i].seq for i in sampling_idx]
+        token_ids = sample(logits, [s.request.sampling for s in seqs], [s.generator for s in seqs])
+        for j, (i, token_id) in enumerate(zip(sampling_idx, token_ids.tolist(), strict=True)):
+            sampled[i] = int(token_id)
+            if seqs[j].is_verified:  # runtime.verify.verifier compares it with the reference path
+                seqs[j].chosen_logit = float(logits[j, token_id])
+        return sampled

@@ -1,0 +1,97 @@
+"""Per-request state inside the engine: one `Sequence` per admitted request.
+
+Token accounting (the scheduler reasons only with these counts, never with tensors):
+    token_ids          = prompt_token_ids + output_token_ids
+    num_computed_tokens  tokens whose K/V are in `kv` (== kv.num_tokens after each step)
+    num_pending_tokens   token_ids[num_computed_tokens:], what the next steps must feed the model
+A step that feeds the last pending token samples the next one; a step that feeds a prefix of a
+long prompt (a prefill chunk) samples nothing. A preempted sequence drops its KV and recomputes
+prompt + outputs from position 0, which the same counts describe.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from runtime.engine.request import GenerationRequest, RequestHandle
+from runtime.engine.stats import RequestEvent, RequestStats
+
+if TYPE_CHECKING:
+    import torch
+
+    from runtime.engine.stopping import StopChecker
+    from runtime.memory.kv_cache import SequenceKV
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    request: GenerationRequest
+    handle: RequestHandle
+    stats: RequestStats
+    deadline: float  # time.monotonic() after which the request fails with RequestTimeout
+    stop_checker: StopChecker
+    generator: torch.Generator | None = None  # per-request seeded sampling state
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    kv: SequenceKV | None = None
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_preemptions: int = 0
+    is_closed: bool = False  # the handle got its final output; the engine is done with it
+    # runtime.verify: sampled for verification at admission; the runner then keeps the logit of
+    # each token it samples for this request (the last one is the final step's)
+    is_verified: bool = False
+    chosen_logit: float | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.request.prompt_token_ids
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.request.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.request.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_pending_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def kv_capacity(self) -> int:
+        """Tokens of KV this sequence can ever need: reserved whole at first schedule, so a
+        running sequence never runs out of room mid-generation."""
+        return self.num_prompt_tokens + self.request.sampling.max_tokens
+
+    def pending_token_ids(self, num_tokens: int) -> list[int]:
+        start = self.num_computed_tokens
+        prompt = self.request.prompt_token_ids
+        if start + num_tokens <= len(prompt):  # the common prefill case: no list concatenation
+            return prompt[start : start + num_tokens]
+        return (prompt + self.output_token_ids)[start : start + num_tokens]
+
+    def mark(self, event: RequestEvent, ts: float | None = None) -> float:
+        """Record a lifecycle event (wall clock) in the request's stats; returns the timestamp."""
+        ts = time.time() if ts is None else ts
+        self.stats.events.append((event, ts))
+        if event is RequestEvent.SCHEDULED and self.stats.scheduled_ts is None:
+            self.stats.scheduled_ts = ts
+        elif event is RequestEvent.FIRST_TOKEN:
+            self.stats.first_token_ts = ts
+        elif event in (RequestEvent.FINISHED, RequestEvent.CANCELLED):
+            self.stats.finished_ts = ts
+        return ts

@@ -1,0 +1,154 @@
+"""Numbers the engine emits. Sinks (Prometheus, OpenTelemetry, SQL) consume them; the core never
+imports a sink library. Each dataclass is computed once, outside the model's hot loop, and the same
+values feed histograms, span attributes and `inference_log` rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Protocol
+
+from runtime.engine.reasons import FailureReason, FinishReason
+from runtime.memory.stats import AllocatorStats as AllocatorStats  # re-exported for the sinks
+from runtime.memory.stats import TierStats as TierStats
+
+
+class RequestEvent(str, Enum):
+    QUEUED = "QUEUED"
+    SCHEDULED = "SCHEDULED"
+    FIRST_TOKEN = "FIRST_TOKEN"
+    FINISHED = "FINISHED"
+    CANCELLED = "CANCELLED"
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One engine step (schedule → execute → update)."""
+
+    ts: float  # wall clock (time.time()) at step end
+    step_id: int
+    num_seqs: int  # sequences in the batch this step (the batch size)
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    busy_seconds: float  # time spent in execute() (model forward + sampling)
+    num_running: int  # after the step
+    num_waiting: int  # after the step
+    batch_size_limit: int  # the adaptive policy's current cap
+    request_ids: tuple[str, ...] = ()  # requests served by this step (span links)
+    started_ts: float = 0.0  # wall clock at step start
+    allocator: AllocatorStats | None = None
+    model: str = ""
+    version: str = ""
+    num_sampled: int = 0  # sequences that sampled a token (logits computed for these rows only)
+
+
+@dataclass
+class RequestStats:
+    """One request's life. Timestamps are wall clock seconds (time.time()); None if not reached."""
+
+    request_id: str
+    model: str
+    version: str = "stable"
+    queued_ts: float = 0.0
+    scheduled_ts: float | None = None
+    first_token_ts: float | None = None
+    finished_ts: float | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    max_tokens: int = 0
+    # "stop" | "length" | "cancelled" when it ended normally; None when it failed
+    finished_reason: FinishReason | None = None
+    # "validation" | "overloaded" | "internal" | "timeout" when it failed; None otherwise
+    failure_reason: FailureReason | None = None
+    batch_size: int = 0  # largest batch this request was part of
+    operation: str = "text_completion"  # gen_ai.operation.name: text_completion | chat | embeddings
+    # W3C trace context of the incoming request (a `traceparent` header value), if any
+    traceparent: str | None = None
+    events: list[tuple[RequestEvent, float]] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        if self.failure_reason is not None:
+            return self.failure_reason
+        return self.finished_reason or "unknown"
+
+    @property
+    def ttft_seconds(self) -> float | None:
+        if self.first_token_ts is None:
+            return None
+        return self.first_token_ts - self.queued_ts
+
+    @property
+    def e2e_seconds(self) -> float | None:
+        if self.finished_ts is None:
+            return None
+        return self.finished_ts - self.queued_ts
+
+    @property
+    def queue_seconds(self) -> float | None:
+        if self.scheduled_ts is None:
+            return None
+        return self.scheduled_ts - self.queued_ts
+
+    @property
+    def tpot_seconds(self) -> float | None:
+        """Mean time per output token after the first one."""
+        if self.first_token_ts is None or self.finished_ts is None or self.completion_tokens < 2:
+            return None
+        return (self.finished_ts - self.first_token_ts) / (self.completion_tokens - 1)
+
+
+@dataclass(frozen=True)
+class VerificationResult:
+    """One verification probe: the production value next to the reference-path value."""
+
+    request_id: str
+    model: str
+    version: str
+    op: str  # "logit", "geglu", "swiglu", "rms_norm", "rotary", "attention"
+    output: float
+    expected: float
+    ts: float
+
+    @property
+    def abs_error(self) -> float:
+        return abs(self.output - self.expected)
+
+
+class StatsSink(Protocol):
+    """Anything that consumes engine numbers. Must be cheap and must never raise into the engine."""
+
+    def record(
+        self,
+        step: StepStats | None = None,
+        finished: Sequence[RequestStats] = (),
+        verified: Sequence[VerificationResult] = (),
+    ) -> None: ...
+
+
+class FanOut:
+    """The one `record(...)` the engine calls; forwards to every registered sink.
+
+    A sink that raises is isolated (counted, not propagated): telemetry must never fail a request.
+    """
+
+    def __init__(self, sinks: Sequence[StatsSink] = ()) -> None:
+        self.sinks: list[StatsSink] = list(sinks)
+        self.num_sink_errors = 0
+
+    def add(self, sink: StatsSink) -> None:
+        self.sinks.append(sink)
+
+    def record(
+        self,
+        step: StepStats | None = None,
+        finished: Sequence[RequestStats] = (),
+        verified: Sequence[VerificationResult] = (),
+    ) -> None:
+        for sink in self.sinks:
+            try:
+                sink.record(step=step, finished=finished, verified=verified)
+            except Exception:  # isolation is the point: telemetry never fails a request
+                self.num_sink_errors += 1

@@ -1,0 +1,1 @@
+"""Operator tools behind CLI verbs: weight conversion (convert.py) and `fastllm doctor`."""

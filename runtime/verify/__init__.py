@@ -1,0 +1,6 @@
+"""Sampled verification: the production result recomputed on the reference path.
+
+verifier.py   the sampler and worker thread (off the hot path); emits VerificationResult
+probes.py     per-op probes: fast op vs its reference on the same inputs
+reference.py  whole-sequence forward in float32 with the `*_ref` ops
+"""

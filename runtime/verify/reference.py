@@ -1,0 +1,145 @@
+"""The reference path: whole sequences' forward in float32 with the `*_ref` ops.
+
+It is written out here, independently of the fast path: no KV cache, no batch plan, no SDPA, every
+op the explicit reference beside the fast one in `runtime.models.ops`. It reads the production
+model's weights and upcasts them on the fly, one layer at a time (a no-op for fp32 weights; for
+bf16/fp16 only one layer's fp32 copy lives at once), so it needs no second model.
+
+Why not swap the fast ops for their references with a context manager and rerun the model's own
+forward? The engine keeps serving on another thread while this runs; patching the module globals
+would put the production requests on the reference ops (and the verifier would then compare the
+reference with itself). Reading the weights is thread-safe; patching is not.
+
+Several sequences go through one call packed back to back (`[T, ...]`, T = their total length):
+linear layers, norms, rotary and the gated activation act on each token alone, so packing changes
+nothing there; attention runs per sequence. While it runs it captures, for one layer, the inputs of
+every probed op (`OpInputs`), so the fast and the reference op can then be run on the very same
+tensors (`runtime.verify.probes`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from runtime.models import ops
+from runtime.models.base import CausalLM
+from runtime.models.layers import DecoderLayer, Linear, RMSNorm
+
+
+@dataclass
+class OpInputs:
+    """One layer's op inputs from the reference forward: fp32, on the model's device, packed
+    (`lengths[i]` tokens of sequence i, back to back; T = sum(lengths))."""
+
+    layer: int
+    act: str  # "geglu" | "swiglu": the model's gated activation
+    lengths: list[int]
+    norm_x: Tensor  # [T, H] input of the layer's input RMSNorm
+    norm_weight: Tensor  # [H] (the model's own parameter, serving dtype)
+    norm_eps: float
+    norm_offset: float  # gemma scales by (1 + w)
+    positions: Tensor  # [T] position of each token within its sequence
+    rope_theta: float
+    head_dim: int
+    q: Tensor  # [T, Hq, D] before rotary
+    k: Tensor  # [T, Hkv, D] before rotary
+    v: Tensor  # [T, Hkv, D]
+    q_rot: Tensor  # [T, Hq, D] after the reference rotary: attention's inputs
+    k_rot: Tensor  # [T, Hkv, D]
+    gate: Tensor  # [T, I]
+    up: Tensor  # [T, I]
+
+    def spans(self) -> list[tuple[int, int]]:
+        """[start, end) rows of each sequence."""
+        ends = list(itertools.accumulate(self.lengths))
+        return [(end - n, end) for n, end in zip(self.lengths, ends, strict=True)]
+
+
+@dataclass
+class ReferenceResult:
+    chosen_logits: list[float]  # per sequence: the reference logit of the token production chose
+    inputs: OpInputs
+
+
+def _linear(x: Tensor, layer: Linear) -> Tensor:
+    bias = None if layer.bias is None else layer.bias.float()
+    return F.linear(x, layer.weight.float(), bias)
+
+
+def _norm(x: Tensor, norm: RMSNorm, offset: float) -> Tensor:
+    return ops.rms_norm_ref(x, norm.weight, norm.eps, offset=offset)
+
+
+@torch.inference_mode()
+def reference_forward(
+    model: CausalLM, seqs: Sequence[tuple[Sequence[int], int]], *, capture_layer: int
+) -> ReferenceResult:
+    """`seqs`: (token_ids, chosen_token_id) per sequence, token_ids the full sequence the final
+    production step saw (prompt + all outputs but the last). Returns the fp32 reference logit of
+    each chosen token at its sequence's last position, and the captured op inputs."""
+    args = model.args
+    device = model.embed_tokens.weight.device
+    lengths = [len(ids) for ids, _ in seqs]
+    flat = [t for ids, _ in seqs for t in ids]
+    ids = torch.tensor(flat, dtype=torch.long, device=device)  # [T]
+    positions = torch.tensor([i for n in lengths for i in range(n)], device=device)
+    num_tokens = ids.shape[0]
+    x = model.embed_tokens.weight[ids].float()  # [T, H]; gather first, then upcast
+    if model.scale_embeddings:
+        x = x * args.hidden_size**0.5
+    offset = model.norm_offset
+    captured: OpInputs | None = None
+    for i, module in enumerate(model.layers):
+        layer = cast(DecoderLayer, module)
+        attn, mlp = layer.attn, layer.mlp
+        normed = _norm(x, layer.input_norm, offset)
+        qkv = _linear(normed, attn.qkv_proj).split([args.q_size, args.kv_size, args.kv_size], -1)
+        q = qkv[0].reshape(num_tokens, args.num_heads, args.head_dim)
+        k = qkv[1].reshape(num_tokens, args.num_kv_heads, args.head_dim)
+        v = qkv[2].reshape(num_tokens, args.num_kv_heads, args.head_dim)
+        q_rot, k_rot = ops.rotary_ref(q, k, positions, args.rope_theta, args.head_dim)
+        # per sequence: [Hq, n, D] x [Hkv, n, D] -> [Hq, n, D]; then back to [T, Hq * D]
+        qs, ks, vs = (t.transpose(0, 1).split(lengths, dim=1) for t in (q_rot, k_rot, v))
+        outs = [
+            ops.attention_ref(q_seq, k_seq, v_seq, causal_offset=0)
+            for q_seq, k_seq, v_seq in zip(qs, ks, vs, strict=True)
+        ]
+        out = torch.cat(outs, dim=1).transpose(0, 1).reshape(num_tokens, args.q_size)
+        h = x + _linear(out, attn.o_proj)
+        gate_up = _linear(_norm(h, layer.post_attn_norm, offset), mlp.gate_up_proj)
+        gate, up = gate_up.split([mlp.inter, mlp.inter], -1)
+        if i == capture_layer:
+            captured = OpInputs(
+                layer=i,
+                act=mlp.act,
+                lengths=lengths,
+                norm_x=x,
+                norm_weight=layer.input_norm.weight,
+                norm_eps=layer.input_norm.eps,
+                norm_offset=offset,
+                positions=positions,
+                rope_theta=args.rope_theta,
+                head_dim=args.head_dim,
+                q=q,
+                k=k,
+                v=v,
+                q_rot=q_rot,
+                k_rot=k_rot,
+                gate=gate,
+                up=up,
+            )
+        x = h + _linear(getattr(ops, f"{mlp.act}_ref")(gate, up), mlp.down_proj)
+    last_rows = torch.tensor(list(itertools.accumulate(lengths)), device=device) - 1
+    last = _norm(x[last_rows], model.norm, offset)  # [N, H]
+    head = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
+    chosen = torch.tensor([token for _, token in seqs], device=device)
+    logits = (last * head[chosen].float()).sum(-1)  # [N]: only the chosen rows of the head
+    assert captured is not None, f"capture_layer {capture_layer} out of range"
+    return ReferenceResult(chosen_logits=logits.tolist(), inputs=captured)
