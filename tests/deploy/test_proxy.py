@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from pathlib import Path
 
 from tests.conftest import require_binary
 from tests.deploy import stack
@@ -33,7 +34,7 @@ def _server_options() -> dict[str, str]:
     return options
 
 
-def test_haproxy_accepts_the_shipped_config_without_warnings(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_haproxy_accepts_the_shipped_config_without_warnings(tmp_path: Path) -> None:
     haproxy = require_binary("haproxy", "/usr/sbin/haproxy")
     rendered = tmp_path / "static.cfg"
     rendered.write_text(
