@@ -6,7 +6,7 @@ DEMO ?= demo-models/llama-tiny
 # CPU torch pinned on this install path; GPU users install their CUDA build of torch first.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup setup-test run demo-model test lint typecheck bench dashboards clean
+.PHONY: setup setup-test run demo-model test lint typecheck bench dashboards k8s clean
 
 $(BIN)/fastllm: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -47,6 +47,11 @@ bench: setup-test
 
 dashboards: setup
 	$(BIN)/fastllm dashboards build
+
+# the generated parts of deploy/k8s (tests/deploy/test_k8s.py fails when they are stale)
+k8s: dashboards
+	$(BIN)/fastllm alerts export --format prometheus-rule --out deploy/k8s/base/prometheus-rule.yaml
+	$(BIN)/fastllm dashboards export --format configmap --out deploy/k8s/base/grafana-dashboards.yaml
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -82,6 +82,15 @@ class Settings(BaseSettings):
     admin_token: str | None = Field(None, description="admin endpoints are refused when unset")
     max_body_bytes: int = Field(1 << 20, ge=1024)
     drain_grace_s: float = Field(30.0, ge=0.0)
+    # after SIGTERM, /ready answers 503 this long while new requests are still served, so a load
+    # balancer's health check takes the replica out before it refuses work (compose's HAProxy);
+    # 0 under Kubernetes, where the preStop hook gives the Service that time
+    drain_unready_s: float = Field(0.0, ge=0.0)
+    # other replicas' admin URLs (or a DNS name:port answering one A record per replica): an
+    # automatic rollback or any newer rollout event on one replica is adopted by the others
+    rollout_peers: list[str] = Field(default_factory=list)
+    rollout_peers_dns: str | None = Field(None, description="e.g. runtime:8000 (compose)")
+    rollout_sync_interval_s: float = Field(1.0, gt=0, description="peer rollout poll period")
     access_log: bool = Field(True, description="uvicorn's one line per request at INFO")
     # which parts the server wires around the engines (tests and benchmarks switch them off)
     metrics_enabled: bool = True
@@ -135,7 +144,7 @@ class Settings(BaseSettings):
     alerts_time_scale: float = Field(1.0, gt=0)
     debug_leak_blocks_per_request: int = Field(0, ge=0, description="debug: leak blocks on purpose")
 
-    @field_validator("api_keys", mode="before")
+    @field_validator("api_keys", "rollout_peers", mode="before")
     @classmethod
     def _split_keys(cls, value: Any) -> Any:
         if isinstance(value, str):

@@ -142,3 +142,48 @@ def run(
         evaluator.stop()
     firing = evaluator.manager.alerts()
     click.echo(f"{len(firing)} alert(s) firing: {', '.join(a.name for a in firing) or '-'}")
+
+
+@command.command("export")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["prometheus-rule"]),
+    required=True,
+    help="prometheus-rule: a prometheus-operator PrometheusRule of alerts/rules/*.yml",
+)
+@click.option(
+    "--out",
+    "out_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="file to write (default: stdout)",
+)
+@click.option("--check", is_flag=True, help="exit 1 when --out differs from a fresh export")
+@click.pass_context
+def export(ctx: click.Context, fmt: str, out_path: Path | None, check: bool) -> None:
+    """Export the rules for another runner (Kubernetes: deploy/k8s/base/prometheus-rule.yaml).
+
+    \b
+    Example:
+      fastllm alerts export --format prometheus-rule --out deploy/k8s/base/prometheus-rule.yaml
+      fastllm alerts export --format prometheus-rule --check --out FILE
+    """
+    from alerts import export as exporter
+
+    if check:
+        if out_path is None:
+            raise click.UsageError("--check needs --out")
+        problems = exporter.check(out_path)
+        for problem in problems:
+            click.echo(problem, err=True)
+        if problems:
+            ctx.exit(1)
+        click.echo(f"{out_path} is up to date")
+        return
+    text = exporter.prometheus_rule()
+    if out_path is None:
+        click.echo(text, nl=False)
+    else:
+        out_path.write_text(text, encoding="utf-8")
+        click.echo(f"wrote {out_path}")

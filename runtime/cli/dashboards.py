@@ -73,3 +73,60 @@ def queries_cmd(out_dir: Path) -> None:
     for query in all_queries(out_dir):
         text = " ".join(query.text.split())
         click.echo(f"[{query.kind}] {query.where}: {text}")
+
+
+@command.command("export")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["configmap"]),
+    required=True,
+    help='configmap: one Kubernetes ConfigMap per dashboard, labelled grafana_dashboard: "1"',
+)
+@click.option(
+    "--out",
+    "out_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="file to write (default: stdout)",
+)
+@click.option("--check", is_flag=True, help="exit 1 when --out differs from a fresh export")
+@click.option(
+    "--json-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=GENERATED_DIR,
+    show_default=True,
+    help="directory of the generated JSON",
+)
+@click.pass_context
+def export_cmd(
+    ctx: click.Context, fmt: str, out_path: Path | None, check: bool, json_dir: Path
+) -> None:
+    """Export the generated JSON for Kubernetes (deploy/k8s/base/grafana-dashboards.yaml).
+
+    \b
+    Example:
+      fastllm dashboards export --format configmap --out deploy/k8s/base/grafana-dashboards.yaml
+    """
+    from dashboards import configmaps
+    from dashboards.build import DashboardBuildError
+
+    if check:
+        if out_path is None:
+            raise click.UsageError("--check needs --out")
+        problems = configmaps.check(out_path, json_dir)
+        for problem in problems:
+            click.echo(problem, err=True)
+        if problems:
+            ctx.exit(1)
+        click.echo(f"{out_path} is up to date")
+        return
+    try:
+        text = configmaps.configmaps(json_dir)
+    except DashboardBuildError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if out_path is None:
+        click.echo(text, nl=False)
+    else:
+        out_path.write_text(text, encoding="utf-8")
+        click.echo(f"wrote {out_path}")

@@ -1,6 +1,9 @@
-"""`fastllm rollout`: steer a running server's canary through its admin API (POST /admin/rollout).
+"""`fastllm rollout`: steer running servers' canary through their admin API (POST /admin/rollout).
 
-The admin token comes from --admin-token or FASTLLM_ADMIN_TOKEN (settings.admin_token)."""
+Every replica named by `--url` (repeatable) or found under `--dns NAME:PORT` (one A record per
+replica) gets the call, and each answers for itself; the command then says whether they agree
+(stable, canary, weight) and exits 1 when one failed or they disagree. The admin token comes from
+--admin-token or FASTLLM_ADMIN_TOKEN (settings.admin_token)."""
 
 from __future__ import annotations
 
@@ -14,16 +17,63 @@ from runtime.errors import FastllmError, PermissionDeniedError, ServiceUnavailab
 EPILOG = """\b
 Examples:
   fastllm rollout set --weight 0.1 --url http://127.0.0.1:8000
-  fastllm rollout status
+  fastllm rollout status --url http://10.0.0.5:8000 --url http://10.0.0.6:8000
+  docker compose exec runtime fastllm rollout status --dns runtime:8000
   fastllm rollout promote
   fastllm rollout rollback --model llama-tiny
 """
+DEFAULT_URL = "http://127.0.0.1:8000"
 
 
 def _options(func: Callable[..., Any]) -> Callable[..., Any]:
-    func = click.option("--url", default="http://127.0.0.1:8000", show_default=True)(func)
+    func = click.option(
+        "--url", "urls", multiple=True, help=f"a replica (repeatable; default {DEFAULT_URL})"
+    )(func)
+    func = click.option("--dns", default=None, help="NAME:PORT answering one A record per replica")(
+        func
+    )
     func = click.option("--admin-token", default=None, help="default: FASTLLM_ADMIN_TOKEN")(func)
     return click.option("--model", default=None, help="default: the model that has a canary")(func)
+
+
+def _targets(urls: tuple[str, ...], dns: str | None) -> list[str]:
+    from runtime.serving.peers import replica_urls
+
+    found = replica_urls(urls or ([] if dns else [DEFAULT_URL]), dns)
+    if not found:
+        raise ServiceUnavailable(f"{dns} resolves to no replica")
+    return found
+
+
+def _fan_out(
+    ctx: click.Context, urls: list[str], token: str | None, method: str, params: dict[str, Any]
+) -> None:
+    """Call every replica, show each answer, then whether they agree. One replica: as before."""
+    if len(urls) == 1:
+        _show(_call(urls[0], token, method, params))
+        return
+    states = {}
+    for url in urls:
+        click.echo(f"== {url}")
+        try:
+            status = _call(url, token, method, params)
+        except FastllmError as exc:
+            click.echo(f"error: {exc.message}")
+            continue
+        _show(status)
+        states[url] = (status["stable"], status["canary"], status["canary_weight"])
+    failed = len(urls) - len(states)
+    if len(set(states.values())) > 1:
+        click.echo(f"replicas disagree: {states}")
+        ctx.exit(1)
+    if failed:
+        click.echo(f"{failed} of {len(urls)} replicas did not answer")
+        ctx.exit(1)
+    stable, canary, weight = next(iter(states.values()))
+    click.echo(
+        f"all {len(urls)} replicas agree: stable {stable}, canary {canary or 'none'} "
+        f"(weight {weight:g})"
+    )
 
 
 def _call(url: str, token: str | None, method: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -66,7 +116,9 @@ def _show(status: dict[str, Any]) -> None:
     event = status.get("last_event")
     if event:
         how = "automatic" if event["automatic"] else "operator"
-        click.echo(f"last: {event['action']} ({how}, {event['reason']}) {event['detail']}".rstrip())
+        where = f" [from {event['origin']}]" if event.get("origin") else ""
+        line = f"last: {event['action']} ({how}, {event['reason']}){where} {event['detail']}"
+        click.echo(line.rstrip())
 
 
 @click.group("rollout", epilog=EPILOG)
@@ -77,27 +129,35 @@ def command() -> None:
 @command.command("set")
 @click.option("--weight", type=click.FloatRange(0.0, 1.0), required=True, help="canary share")
 @_options
-def set_cmd(weight: float, url: str, admin_token: str | None, model: str | None) -> None:
+@click.pass_context
+def set_cmd(ctx: click.Context, weight: float, urls: tuple[str, ...], **kw: Any) -> None:
     """Route WEIGHT of the requests (sticky per `user`) to the canary."""
-    _show(_call(url, admin_token, "POST", {"action": "set", "weight": weight, "model": model}))
+    body = {"action": "set", "weight": weight, "model": kw["model"]}
+    _fan_out(ctx, _targets(urls, kw["dns"]), kw["admin_token"], "POST", body)
 
 
 @command.command("promote")
 @_options
-def promote_cmd(url: str, admin_token: str | None, model: str | None) -> None:
+@click.pass_context
+def promote_cmd(ctx: click.Context, urls: tuple[str, ...], **kw: Any) -> None:
     """Make the canary the stable version (the old one drains and stops)."""
-    _show(_call(url, admin_token, "POST", {"action": "promote", "model": model}))
+    body = {"action": "promote", "model": kw["model"]}
+    _fan_out(ctx, _targets(urls, kw["dns"]), kw["admin_token"], "POST", body)
 
 
 @command.command("rollback")
 @_options
-def rollback_cmd(url: str, admin_token: str | None, model: str | None) -> None:
+@click.pass_context
+def rollback_cmd(ctx: click.Context, urls: tuple[str, ...], **kw: Any) -> None:
     """Send every request to the stable version again (canary weight 0)."""
-    _show(_call(url, admin_token, "POST", {"action": "rollback", "model": model}))
+    body = {"action": "rollback", "model": kw["model"]}
+    _fan_out(ctx, _targets(urls, kw["dns"]), kw["admin_token"], "POST", body)
 
 
 @command.command("status")
 @_options
-def status_cmd(url: str, admin_token: str | None, model: str | None) -> None:
-    """Versions, weight and per-version health over the rollout window."""
-    _show(_call(url, admin_token, "GET", {"model": model} if model else {}))
+@click.pass_context
+def status_cmd(ctx: click.Context, urls: tuple[str, ...], **kw: Any) -> None:
+    """Versions, weight and per-version health over the rollout window, per replica."""
+    params = {"model": kw["model"]} if kw["model"] else {}
+    _fan_out(ctx, _targets(urls, kw["dns"]), kw["admin_token"], "GET", params)

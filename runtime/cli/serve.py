@@ -67,6 +67,7 @@ def command(
         host=settings.host,
         port=settings.port,
         grace_s=settings.drain_grace_s,
+        unready_s=settings.drain_unready_s,
         log_level=log_level,
         access_log=settings.access_log,
     )

@@ -23,7 +23,7 @@ from runtime.config import Settings, load_settings
 from runtime.server.auth import api_key_dependencies
 from runtime.server.errors import install_error_handlers
 from runtime.server.guard import Guard
-from runtime.server.rollout_wiring import attach_rollout
+from runtime.server.rollout_wiring import attach_rollout, attach_rollout_sync
 from runtime.server.routes import admin, health, legacy, openai, rollout
 from runtime.server.state import ServerState
 
@@ -47,6 +47,7 @@ def create_app(settings: Settings | None = None, *, state: ServerState | None = 
     app.include_router(admin.router)
     app.include_router(rollout.router)
     app.state.rollout = attach_rollout(state)  # canary weights, promotion, automatic rollback
+    app.state.rollout_sync = attach_rollout_sync(state, app.state.rollout)  # across replicas
     if state.settings.legacy_support:  # the deprecated POST /predict of older runtimes
         app.include_router(
             legacy.router, dependencies=api_key_dependencies(state.settings.api_keys)

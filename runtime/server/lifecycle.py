@@ -1,5 +1,7 @@
-"""Graceful drain: on SIGTERM stop admitting (503 + Retry-After), let in-flight requests finish
-within the grace period, then stop the engines and let uvicorn exit with status 0.
+"""Graceful drain: on SIGTERM withdraw readiness (/ready 503) while still serving for
+`unready_s`, so a load balancer's health check takes the replica out first; then stop admitting
+(503 + Retry-After), let in-flight requests finish within the grace period, then stop the engines
+and let uvicorn exit with status 0.
 
 uvicorn's own SIGTERM handling closes the listener at once (new clients get connection refused,
 not a 503) and re-raises the signal after shutdown (exit status -15), so `DrainingServer` takes
@@ -25,7 +27,8 @@ class Drain:
     """In-flight API requests and the draining flag. Only the event loop thread touches it."""
 
     def __init__(self) -> None:
-        self.is_draining = False
+        self.is_leaving = False  # readiness withdrawn (SIGTERM seen); new requests still served
+        self.is_draining = False  # new requests refused
         self.num_in_flight = 0  # /v1 requests between arrival and their last byte sent
 
     def enter(self) -> None:
@@ -44,10 +47,15 @@ class Drain:
         return True
 
 
-async def drain(app: Any, grace_s: float) -> None:
-    """Refuse new requests, wait for in-flight ones up to `grace_s`, then stop the engines (which
-    fail whatever is still running after the rest of the grace, and free its memory)."""
+async def drain(app: Any, grace_s: float, unready_s: float = 0.0) -> None:
+    """Answer /ready 503 but keep serving for `unready_s` (the load balancer's time to notice),
+    then refuse new requests, wait for in-flight ones up to `grace_s`, then stop the engines
+    (which fail whatever is still running after the rest of the grace, and free its memory)."""
     state = app.state.fastllm
+    state.drain.is_leaving = True
+    if unready_s > 0:
+        log.info("leaving: /ready answers 503, still serving for %.1fs", unready_s)
+        await asyncio.sleep(unready_s)
     state.drain.is_draining = True
     started = time.monotonic()
     log.info("draining: %d request(s) in flight, grace %.1fs", state.drain.num_in_flight, grace_s)
@@ -60,9 +68,10 @@ async def drain(app: Any, grace_s: float) -> None:
 
 
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, *, grace_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, *, grace_s: float, unready_s: float = 0.0) -> None:
         super().__init__(config)
         self.grace_s = grace_s
+        self.unready_s = unready_s
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain_task: asyncio.Task[None] | None = None
         self.on_drained: Callable[[], None] | None = None
@@ -86,7 +95,7 @@ class DrainingServer(uvicorn.Server):
 
     async def _drain_then_exit(self) -> None:
         try:
-            await drain(self.config.app, self.grace_s)
+            await drain(self.config.app, self.grace_s, self.unready_s)
         finally:
             self.should_exit = True
 
@@ -97,6 +106,7 @@ def run_server(
     host: str,
     port: int,
     grace_s: float,
+    unready_s: float = 0.0,
     log_level: str = "info",
     access_log: bool = True,
 ) -> int:
@@ -110,6 +120,6 @@ def run_server(
         timeout_graceful_shutdown=5,
         lifespan="on",
     )
-    server = DrainingServer(config, grace_s=grace_s)
+    server = DrainingServer(config, grace_s=grace_s, unready_s=unready_s)
     server.run()
     return 0 if server.started else 1

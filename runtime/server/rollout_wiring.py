@@ -6,6 +6,11 @@ on), and, for a promotion, a background drain of the retired engine.
     fastllm_rollout_events_total{model,action}               counter: set_weight, promote, rollback
     fastllm_rollout_rollbacks_total{model,version,reason}    counter: error_rate, anomaly_rate,
                                                              operator
+
+With peers configured (`rollout_peers`, `rollout_peers_dns`), a RolloutSync keeps the replicas
+agreeing (runtime/serving/rollout_sync.py). An event adopted from a peer moves this replica's weight
+gauge and events counter, but the rollback counter and the `alert_events` row belong to the
+replica that decided it, so summing over replicas counts each decision once.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ from typing import Any
 from prometheus_client import Counter, Gauge
 
 from runtime.server.state import ServerState
+from runtime.serving.peers import replica_urls
 from runtime.serving.rollout import RolloutController, RolloutEvent, RolloutPolicy
+from runtime.serving.rollout_sync import RolloutSync
 
 log = logging.getLogger("fastllm.rollout")
 ROLLBACK_ALERT = "FastllmCanaryRolledBack"
@@ -72,7 +79,7 @@ def attach_rollout(state: ServerState) -> RolloutController:
     def on_event(event: RolloutEvent) -> None:
         weight.labels(event.model).set(event.canary_weight)
         events.labels(event.model, event.action).inc()
-        if event.action == "rollback":
+        if event.action == "rollback" and not event.origin:
             rollbacks.labels(event.model, event.canary or "", event.reason).inc()
             if settings.storage_enabled:
                 _store_alert_event(settings.database_url, event)
@@ -82,6 +89,32 @@ def attach_rollout(state: ServerState) -> RolloutController:
     controller.listeners.append(on_event)
     state.stats.add(controller)
     return controller
+
+
+def attach_rollout_sync(state: ServerState, controller: RolloutController) -> RolloutSync | None:
+    """Sync with the configured peers (started and stopped with the app), or None without any."""
+    settings = state.settings
+    if not (settings.rollout_peers or settings.rollout_peers_dns):
+        return None
+    if not settings.admin_token:
+        log.warning("rollout peers are configured but no admin token is: rollout sync is off")
+        return None
+    peers, dns = list(settings.rollout_peers), settings.rollout_peers_dns
+    sync = RolloutSync(
+        controller,
+        lambda: replica_urls(peers, dns),
+        admin_token=settings.admin_token,
+        interval_s=settings.rollout_sync_interval_s,
+    )
+
+    def on_event(event: RolloutEvent) -> None:
+        if not event.origin:  # decided here: tell the others now rather than at their next round
+            sync.notify_peers()
+
+    controller.listeners.append(on_event)
+    state.on_start.append(sync.start)
+    state.on_stop.append(sync.stop)
+    return sync
 
 
 def _store_alert_event(database_url: str, event: RolloutEvent) -> None:

@@ -11,6 +11,10 @@ get a `RolloutEvent` (the server turns it into a metric and an alert_events row)
 
 Requests already routed to a version finish there: weight changes only steer new requests, and a
 promoted-away engine keeps running what it holds (the caller drains it).
+
+Across replicas (runtime/serving/rollout_sync.py) a replica `adopt`s a peer's event when it is
+newer than its own last one and is about the same versions: newest event wins, with the peer's
+timestamp kept, so the replicas converge and never bounce an event back.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from runtime.engine.reasons import FailureReason, FinishReason
@@ -74,6 +78,7 @@ class RolloutEvent:
     delta: float | None = None  # canary rate minus stable rate that triggered a rollback
     ts: float = field(default_factory=time.time)
     retired: Any = None  # promote: the engine no longer routed (the caller drains it)
+    origin: str = ""  # "" when decided here; else the replica (URL) it was adopted from
 
 
 class _Window:
@@ -210,6 +215,31 @@ class RolloutController:
         route = self.router.route_of(model)
         event = RolloutEvent(model, "promote", *_names(route), reason="operator", retired=retired)
         return self._emit(event)
+
+    def adopt(self, event: RolloutEvent) -> RolloutEvent | None:
+        """Apply a peer's event if it is newer than this replica's last one for the model and is
+        about the versions this replica routes (a promote: its canary is the peer's new stable;
+        otherwise the same stable and canary). Returns the adopted event, or None."""
+        with self._lock:
+            route = self.router.routes.get(event.model)
+            own = self.last_events.get(event.model)
+            if route is None or route.canary is None or (own is not None and own.ts >= event.ts):
+                return None
+            retired = None
+            if event.action == "promote":
+                if route.canary.name != event.stable:
+                    return None
+                retired = self.router.promote(event.model)
+            elif (route.stable.name, route.canary.name) == (event.stable, event.canary):
+                self.router.set_canary_weight(event.model, event.canary_weight)
+                if event.action == "rollback":  # as a local rollback: a clean window after
+                    self._requests.pop((event.model, route.canary.name), None)
+                    self._probes.pop((event.model, route.canary.name), None)
+            else:
+                return None
+            adopted = replace(event, retired=retired)
+            self.last_events[event.model] = adopted
+        return self._emit(adopted)
 
     def _emit(self, event: RolloutEvent) -> RolloutEvent:
         self.last_events[event.model] = event

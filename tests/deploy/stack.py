@@ -71,10 +71,11 @@ def published_host_ports(service: Mapping[str, Any]) -> list[str]:
 
 
 def healthcheck_ports(service: Mapping[str, Any]) -> set[int]:
-    """Ports a health check probes: URLs (host:port/) and pg_isready's `-p`."""
+    """Ports a health check probes: URLs (host:port/), bash's /dev/tcp/host/port and
+    pg_isready's `-p`."""
     test = service.get("healthcheck", {}).get("test", [])
     text = " ".join(test) if isinstance(test, list) else str(test)
-    ports = {int(p) for p in re.findall(r"(?:127\.0\.0\.1|localhost):(\d+)", text)}
+    ports = {int(p) for p in re.findall(r"(?:127\.0\.0\.1|localhost)[:/](\d+)", text)}
     ports |= {int(p) for p in re.findall(r"(?:^|\s)-p\s+(\d+)", text)}
     return ports
 

@@ -13,6 +13,7 @@ from runtime.config import Settings
 from tests.deploy import stack
 
 EXPECTED_SERVICES = {
+    "proxy",
     "runtime",
     "postgres",
     "prometheus",
@@ -105,6 +106,7 @@ def _config_texts() -> dict[str, str]:
             stack.REPO / "deploy" / "prometheus.yml",
             stack.REPO / "deploy" / "otel-collector.yaml",
             stack.REPO / "deploy" / "alertmanager.yml",
+            stack.REPO / "deploy" / "haproxy" / "haproxy.cfg",
             *sorted((stack.REPO / "deploy" / "grafana").rglob("*.yml")),
         ]
     }
@@ -122,6 +124,8 @@ def test_service_references_land_on_listening_ports() -> None:
         for host, port in stack.service_references(text, set(svc))
     ]
     assert {host for _, host, _ in refs} >= {
+        "runtime",
+        "proxy",
         "postgres",
         "prometheus",
         "alertmanager",

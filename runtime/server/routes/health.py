@@ -34,9 +34,9 @@ async def health() -> Health:
 )
 async def ready(request: Request) -> Response | Readiness:
     state = get_state(request)
-    if state.is_ready:
+    if state.is_ready and not state.drain.is_leaving:
         return Readiness(status="ready")
-    if state.drain.is_draining:
+    if state.drain.is_leaving or state.drain.is_draining:
         body = Readiness(status="draining")
     elif state.load_error is not None:
         body = Readiness(status="failed", detail=state.load_error)

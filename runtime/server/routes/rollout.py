@@ -3,6 +3,7 @@
 GET  /admin/rollout?model=M                      status: versions, weight, health per version
 POST /admin/rollout {"action": "set", "weight": 0.5[, "model": M]}
 POST /admin/rollout {"action": "promote" | "rollback"[, "model": M]}
+POST /admin/rollout/sync                         a peer decided something: sync with peers now
 """
 
 from __future__ import annotations
@@ -100,7 +101,18 @@ def _status(controller: RolloutController, model: str) -> RolloutStatus:
     if event is not None:
         last = {
             k: getattr(event, k)
-            for k in ("action", "reason", "automatic", "detail", "canary_weight", "ts")
+            for k in (
+                "action",
+                "reason",
+                "automatic",
+                "detail",
+                "stable",
+                "canary",
+                "canary_weight",
+                "delta",
+                "ts",
+                "origin",
+            )
         }
     return RolloutStatus(
         model=model,
@@ -131,3 +143,17 @@ async def rollout_action(body: RolloutRequest, request: Request) -> RolloutStatu
     else:
         controller.rollback(model)
     return _status(controller, model)
+
+
+class SyncAccepted(BaseModel):
+    status: str  # "syncing" | "no peers"
+
+
+@router.post("/rollout/sync", response_model=SyncAccepted, status_code=202)
+async def rollout_sync(request: Request) -> SyncAccepted:
+    """Run a rollout sync round now (runtime/serving/rollout_sync.py); answers before it runs."""
+    sync = getattr(request.app.state, "rollout_sync", None)
+    if sync is None:
+        return SyncAccepted(status="no peers")
+    sync.nudge()
+    return SyncAccepted(status="syncing")

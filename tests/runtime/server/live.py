@@ -57,13 +57,23 @@ def router_of(**engines: Callable[[FanOut], Engine]) -> Callable[[FanOut], Route
     return make
 
 
+def bound_socket() -> socket.socket:
+    """A loopback socket on a port of its own (its URL is known before the server is built)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
 class LiveServer:
-    def __init__(self, state: ServerState) -> None:
+    def __init__(self, state: ServerState, sock: socket.socket | None = None) -> None:
         self.state = state
         self.app = create_app(state.settings, state=state)
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock = sock or bound_socket()
         self.port = self.sock.getsockname()[1]
         config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="on")
         self.server = uvicorn.Server(config)
@@ -101,9 +111,13 @@ class LiveServer:
 
 @contextmanager
 def live_server(
-    settings: Settings, make_router: Callable[[FanOut], Router], *, wait_ready: bool = True
+    settings: Settings,
+    make_router: Callable[[FanOut], Router],
+    *,
+    wait_ready: bool = True,
+    sock: socket.socket | None = None,
 ) -> Iterator[LiveServer]:
-    server = LiveServer(build_state(settings, make_router=make_router))
+    server = LiveServer(build_state(settings, make_router=make_router), sock)
     try:
         yield server.start(wait_ready=wait_ready)
     finally:

@@ -145,3 +145,38 @@ def test_overload_is_429_rate_limit_error(demo_model_dir: Callable[[str], Path])
             hooks.release()
             assert running.result(30).usage.completion_tokens == 2
             assert queued.result(30).usage.completion_tokens == 2
+
+
+def test_leaving_replica_says_not_ready_but_still_serves(served: LiveServer) -> None:
+    """After SIGTERM, for `drain_unready_s`: load balancers see 503 on /ready and take the
+    replica out, while requests that still arrive are served (runtime/server/lifecycle.py)."""
+    served.state.drain.is_leaving = True
+    try:
+        ready = httpx.get(f"{served.url}/ready")
+        assert ready.status_code == 503 and ready.json()["status"] == "draining"
+        body = {"model": "llama", "prompt": "still here", "max_tokens": 2}
+        assert httpx.post(f"{served.url}/v1/completions", json=body, headers=AUTH).is_success
+    finally:
+        served.state.drain.is_leaving = False
+    assert httpx.get(f"{served.url}/ready").status_code == 200
+
+
+def test_drain_withdraws_readiness_before_it_refuses_work() -> None:
+    import asyncio
+    from types import SimpleNamespace
+
+    from runtime.server.lifecycle import Drain, drain
+
+    stopped: list[float] = []
+    state = SimpleNamespace(drain=Drain(), shutdown_engines=stopped.append)
+    app = SimpleNamespace(state=SimpleNamespace(fastllm=state))
+
+    async def run() -> None:
+        task = asyncio.ensure_future(drain(app, grace_s=5.0, unready_s=0.2))
+        await asyncio.sleep(0)  # drain runs up to its unready wait
+        assert state.drain.is_leaving and not state.drain.is_draining
+        assert stopped == []
+        await task
+        assert state.drain.is_draining and len(stopped) == 1
+
+    asyncio.run(run())
