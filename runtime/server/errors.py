@@ -183,13 +183,18 @@ async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(payload, status_code=exc.status_code, headers=headers or None)
 
 
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
 def _methods_at(request: Request) -> list[str]:
-    methods: set[str] = set()
-    for route in request.app.router.routes:
-        match, _ = route.matches(request.scope)
-        if match != Match.NONE:
-            methods.update(getattr(route, "methods", None) or ())
-    return sorted(methods)
+    """The methods some route serves at this path (asked of the router, method by method, so
+    routes of included routers count too)."""
+    routes = request.app.router.routes
+    return [
+        method
+        for method in _METHODS
+        if any(r.matches({**request.scope, "method": method})[0] == Match.FULL for r in routes)
+    ]
 
 
 def _is_utf8(text: str) -> bool:
