@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 QUEUE_FULL, SHUTDOWN = "queue_full", "shutdown"
+ATTEMPT_BOUND_S = 10.0  # longer than one blocking database call (busy / connect timeouts: 5 s)
 DROP_REASONS = (QUEUE_FULL, "unstorable", SHUTDOWN)
 # refused before authentication: counted in the failure metric, never a row (anyone could send them)
 UNLOGGED_FAILURES = frozenset({"unauthorized"})
@@ -197,7 +198,12 @@ class InferenceLogWriter:
             self._closed = True
         self._drainer.begin_close(time.monotonic() + timeout)
         if self._thread.is_alive():
-            self._thread.join(timeout + 1.0)
+            # the attempt under way when the deadline passes still ends (SQLite's busy timeout,
+            # PostgreSQL's connect timeout: 5 s each); only then are its rows spilled
+            self._thread.join(timeout + ATTEMPT_BOUND_S)
+        if self._thread.is_alive():  # stuck inside the database: keep at least the queued rows
+            log.error("inference_log: the database call does not return; spilling the queue")
+            self._drainer.drop_all()
         elif self.num_queued:  # never started: nothing will drain the queue
             self._drainer.drop_all()
         self._log_summary()

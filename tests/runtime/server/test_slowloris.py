@@ -51,6 +51,7 @@ def test_stalled_bodies_do_not_hold_the_drain(
         **os.environ,
         "FASTLLM_STORAGE_ENABLED": "false",
         "FASTLLM_ALERTS_ENABLED": "false",
+        "FASTLLM_TRACING_ENABLED": "false",
         "FASTLLM_DEVICE": "cpu",
         "FASTLLM_DRAIN_GRACE_S": str(GRACE_S),
         "FASTLLM_BODY_READ_TIMEOUT_S": str(BODY_DEADLINE_S),
