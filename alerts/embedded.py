@@ -36,7 +36,9 @@ def build_evaluator(
     if metric_store is not None:
         from alerts.sql_store import SqlSampleStore
 
-        store, events = SqlSampleStore(metric_store), SqlEvents(metric_store)
+        # only the instance this evaluator samples: others may share the database
+        store = SqlSampleStore(metric_store, instances={source.instance})
+        events = SqlEvents(metric_store)
     else:
         store, events = MemorySampleStore(), MemoryEvents()
     notifiers = build_notifiers(

@@ -37,11 +37,15 @@ CONTRACT_METRIC_NAMES: tuple[str, ...] = (
     "fastllm_operator_anomalies_total",
     "fastllm_scheduler_steals_total",
     "fastllm_inference_log_dropped_total",
+    "fastllm_inference_log_queue_rows",
 )
 
 # Label values pre-initialised so that a scrape shows them at zero before any traffic.
 FINISHED_REASONS: tuple[str, ...] = tuple(r.value for r in FinishReason)
+# includes "unauthorized": refused before authentication (counted, never an inference_log row)
 FAILURE_REASONS: tuple[str, ...] = tuple(r.value for r in FailureReason)
+# why the inference_log writer could not store a row (storage.writer.DROP_REASONS)
+LOG_DROP_REASONS: tuple[str, ...] = ("queue_full", "unstorable", "shutdown")
 ALLOCATOR_TIERS: tuple[str, ...] = ("small", "medium", "large")
 ALLOCATOR_STATES: tuple[str, ...] = ("in_use", "cached")
 ALLOCATOR_EVENTS: tuple[str, ...] = ("hit", "miss", "evict", "release")
@@ -75,6 +79,7 @@ class FastllmMetrics:
     operator_anomalies: Counter
     scheduler_steals: Counter
     inference_log_dropped: Counter
+    inference_log_queue_rows: Gauge
     build_info: Gauge
 
     @classmethod
@@ -183,7 +188,13 @@ class FastllmMetrics:
             ),
             inference_log_dropped=Counter(
                 "fastllm_inference_log_dropped_total",
-                "inference_log rows the writer could not store.",
+                "inference_log rows the writer could not store, by reason.",
+                ["reason"],
+                registry=r,
+            ),
+            inference_log_queue_rows=Gauge(
+                "fastllm_inference_log_queue_rows",
+                "inference_log rows queued in memory, not yet written.",
                 registry=r,
             ),
             build_info=Gauge(
@@ -215,6 +226,10 @@ class FastllmMetrics:
             self.request_failure.labels(model, version, reason)
         for op in VERIFIED_OPS:
             self.operator_anomalies.labels(model, version, op)
+
+    def init_log_labels(self) -> None:
+        for reason in LOG_DROP_REASONS:
+            self.inference_log_dropped.labels(reason)
 
     def init_allocator_labels(self) -> None:
         for tier in ALLOCATOR_TIERS:

@@ -20,7 +20,9 @@ from runtime.engine.reasons import FailureReason
 from runtime.engine.stats import AllocatorStats, RequestStats, StepStats, VerificationResult
 
 # Failures that never entered the engine: their timestamps say nothing about serving latency.
-REJECTED_REASONS = frozenset({FailureReason.VALIDATION, FailureReason.OVERLOADED})
+REJECTED_REASONS = frozenset(
+    {FailureReason.VALIDATION, FailureReason.OVERLOADED, FailureReason.UNAUTHORIZED}
+)
 DEFAULT_ANOMALY_THRESHOLD = 1e-3
 _TIER_FIELDS = {"hit": "hits", "miss": "misses", "evict": "evictions", "release": "releases"}
 assert set(_TIER_FIELDS) == set(ALLOCATOR_EVENTS)
@@ -87,6 +89,7 @@ class PrometheusSink:
         for model, version in self._known:
             metrics.init_labels(model, version)
         metrics.init_allocator_labels()
+        metrics.init_log_labels()
         self.set_utilization_source(self.busy.fraction, device)
 
     # --- wiring hooks ---------------------------------------------------------------------------
@@ -118,9 +121,13 @@ class PrometheusSink:
         if delta > 0:
             self.metrics.scheduler_steals.inc(delta)
 
-    def on_log_dropped(self, count: int = 1) -> None:
+    def on_log_dropped(self, count: int = 1, reason: str = "queue_full") -> None:
         """The inference_log writer's on_drop hook."""
-        self.metrics.inference_log_dropped.inc(count)
+        self.metrics.inference_log_dropped.labels(reason).inc(count)
+
+    def set_log_queue_source(self, read: Callable[[], int]) -> None:
+        """`fastllm_inference_log_queue_rows` is `read()` at scrape time (the writer's queue)."""
+        self.metrics.inference_log_queue_rows.set_function(lambda: float(read()))
 
     # --- StatsSink ------------------------------------------------------------------------------
     def record(

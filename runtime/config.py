@@ -8,20 +8,37 @@ tracing off unless OTEL_EXPORTER_OTLP_ENDPOINT is set, the demo model built loca
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, get_origin
 
 from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
+    EnvSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     YamlConfigSettingsSource,
 )
 
 from runtime.errors import ConfigError
 
 DEFAULT_DEMO_MODEL_DIR = Path("demo-models/llama-tiny")
+_DEVICE = re.compile(r"auto|cpu|mps|cuda(:[0-9]+)?")
+
+
+class _EnvSource(EnvSettingsSource):
+    """FASTLLM_* variables; a list setting takes JSON (`["a","b"]`) or a comma list (`a,b`)."""
+
+    def decode_complex_value(self, field_name: str, field: FieldInfo, value: Any) -> Any:
+        try:
+            return super().decode_complex_value(field_name, field, value)
+        except ValueError:
+            if isinstance(value, str) and get_origin(field.annotation) is list:
+                return [part.strip() for part in value.split(",") if part.strip()]
+            raise
 
 
 class Settings(BaseSettings):
@@ -81,6 +98,9 @@ class Settings(BaseSettings):
     api_keys: list[str] = Field(default_factory=list, description="empty = open")
     admin_token: str | None = Field(None, description="admin endpoints are refused when unset")
     max_body_bytes: int = Field(1 << 20, ge=1024)
+    # a body not received in full within this is answered 408 and its connection closed, so a
+    # slow or stalled client cannot hold a worker or the drain
+    body_read_timeout_s: float = Field(15.0, gt=0.0)
     drain_grace_s: float = Field(30.0, ge=0.0)
     # after SIGTERM, /ready answers 503 this long while new requests are still served, so a load
     # balancer's health check takes the replica out before it refuses work (compose's HAProxy);
@@ -129,6 +149,10 @@ class Settings(BaseSettings):
     database_url: str = "sqlite:///var/fastllm.db"
     log_queue_size: int = Field(10000, ge=1)
     log_batch_size: int = Field(256, ge=1)
+    # rows still queued when a shutdown's flush (log_close_timeout_s) ran out are kept here and
+    # written at the next start; default: beside the SQLite file, or var/ for PostgreSQL
+    log_spool_path: Path | None = None
+    log_close_timeout_s: float = Field(10.0, ge=0.0)
     retention_days: float = Field(30.0, gt=0)
     verify_sample_rate: float = Field(0.01, ge=0.0, le=1.0)
     verify_queue_size: int = Field(256, ge=1, description="verification jobs waiting; full: drop")
@@ -149,6 +173,13 @@ class Settings(BaseSettings):
     def _split_keys(cls, value: Any) -> Any:
         if isinstance(value, str):
             return [k.strip() for k in value.split(",") if k.strip()]
+        return value
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str) -> str:
+        if not _DEVICE.fullmatch(value):
+            raise ValueError("expected auto, cpu, cuda, cuda:N or mps")
         return value
 
     @model_validator(mode="after")
@@ -172,7 +203,8 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        env = _EnvSource(settings_cls)  # same prefix and options as the default one
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env]
         yaml_path = os.environ.get("FASTLLM_CONFIG")
         if yaml_path:
             sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=yaml_path))
@@ -199,14 +231,23 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Se
 def _validated(flags: dict[str, Any]) -> Settings:
     try:
         return Settings(**flags)
+    except SettingsError as exc:  # a value a source could not even decode (e.g. bad JSON)
+        found = re.search(r'field "(\w+)"', str(exc))
+        name = found.group(1) if found else "?"
+        raise ConfigError(
+            f"invalid setting {name} (FASTLLM_{name.upper()}, --config YAML or flag): {exc}",
+            param=name,
+        ) from None
     except ValidationError as exc:
         first = exc.errors()[0]
-        name = ".".join(str(part) for part in first["loc"])
+        loc = [str(part) for part in first["loc"]]
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        if not name:  # a check across settings (model validator)
-            raise ConfigError(f"invalid settings: {first['msg']}{more}") from None
+        message = str(first["msg"]).removeprefix("Value error, ")
+        if not loc:  # a check across settings (model validator)
+            raise ConfigError(f"invalid settings: {message}{more}") from None
+        name, item = loc[0], "".join(f"[{part}]" for part in loc[1:])
         raise ConfigError(
-            f"invalid setting {name} (FASTLLM_{name.upper()}, --config YAML or flag): "
-            f"{first['msg']}, got {first.get('input')!r}{more}",
+            f"invalid setting {name}{item} (FASTLLM_{name.upper()}, --config YAML or flag): "
+            f"{message}, got {first.get('input')!r}{more}",
             param=name,
         ) from None

@@ -14,7 +14,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event, make_url
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
 from storage.errors import StorageError
@@ -35,12 +35,18 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         parsed = make_url(url)
     except Exception as exc:  # sqlalchemy raises ArgumentError/ValueError
         raise StorageError(f"invalid database_url {url!r}: {exc}") from exc
-    if parsed.get_backend_name() == "sqlite":
-        return _sqlite_engine(url, parsed.database, **kwargs)
-    kwargs.setdefault("pool_pre_ping", True)  # reconnect transparently after a database restart
-    if parsed.get_backend_name() == "postgresql":
-        kwargs.setdefault("connect_args", {"connect_timeout": 5})
-    return create_engine(url, **kwargs)
+    shown = parsed.render_as_string(hide_password=True)
+    try:
+        if parsed.get_backend_name() == "sqlite":
+            return _sqlite_engine(url, parsed.database, **kwargs)
+        kwargs.setdefault("pool_pre_ping", True)  # reconnect transparently after a restart
+        if parsed.get_backend_name() == "postgresql":
+            kwargs.setdefault("connect_args", {"connect_timeout": 5})
+        return create_engine(url, **kwargs)
+    except (NoSuchModuleError, ImportError) as exc:  # unknown scheme, driver not installed
+        raise StorageError(f"no database driver for {shown!r} ({exc})") from exc
+    except OSError as exc:  # the SQLite file's directory cannot be created
+        raise StorageError(f"cannot use the SQLite file of {shown!r}: {exc}") from exc
 
 
 def _sqlite_engine(url: str, database: str | None, **kwargs: Any) -> Engine:

@@ -1,7 +1,8 @@
 """The writer's background thread: take a batch, write it in one transaction, retry with
-exponential backoff (tenacity) while the database is unreachable, settle the items (written or
-dropped) so `flush()` can return. On close it keeps retrying until the close deadline, then counts
-what is left as dropped.
+exponential backoff (tenacity) while the database is unreachable, settle the items (written,
+dropped or spilled) so `flush()` can return. A batch refused for its own rows is written row by row
+(storage.isolate). On close it keeps retrying until the close deadline, then spills what is left
+to the spool (storage.spool), which the next start replays first.
 """
 
 from __future__ import annotations
@@ -10,9 +11,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
-from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from tenacity import (
     RetryCallState,
@@ -24,27 +24,11 @@ from tenacity import (
 
 from storage.batch import BatchPlan, Item, execute_plan, plan_batch
 from storage.db import upgrade
+from storage.drain_ports import WriterQueue
+from storage.isolate import UNSTORABLE, write_one_by_one
+from storage.replay import replay_spool
 from storage.rows import Row
-
-
-class WriterQueue(Protocol):
-    """The writer's side that its drain thread works on (storage.writer.InferenceLogWriter);
-    a protocol so the writer and its thread do not import each other."""
-
-    engine: Engine
-
-    @property
-    def num_queued(self) -> int: ...
-
-    @property
-    def num_flush_waiters(self) -> int: ...
-
-    def take(self, block_s: float) -> list[Item]: ...
-
-    def count_dropped(self, n: int) -> None: ...
-
-    def settle(self, n: int) -> None: ...
-
+from storage.spool import plan_items
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -53,7 +37,7 @@ POLL_S = 0.05  # how long an idle drain thread waits for the first item of a bat
 
 def is_transient(exc: BaseException) -> bool:
     """Connection refused / lost / database locked: worth retrying. Anything else (a bad row, a
-    missing column) would fail again, so the batch is dropped and counted instead."""
+    missing column) would fail again, so the batch is written row by row instead."""
     e: BaseException | None = exc
     while e is not None:
         if isinstance(e, (OperationalError, InterfaceError)):
@@ -99,8 +83,9 @@ class Drainer:
         if self._needs_migration:
             try:
                 self._retry(lambda: upgrade(self.writer.engine))
-            except Exception:  # keep draining; the tables may exist already
-                log.exception("inference_log: migrations failed")
+            except Exception as exc:  # keep draining; the tables may exist already
+                log.error("inference_log: migrations failed: %s", exc)
+        replay_spool(self)  # rows a previous shutdown spilled, before the new ones
         while True:
             closing = self._closing.is_set()
             if self.is_past_deadline and self.writer.num_queued:
@@ -123,7 +108,7 @@ class Drainer:
             plan = plan_batch(items, self.orphans)
         except Exception:  # a malformed row must not kill the thread (and stall every flush)
             log.exception("inference_log: dropping %d malformed rows", len(items))
-            self.writer.count_dropped(len(items))
+            self.writer.count_dropped(len(items), UNSTORABLE)
             self.writer.settle(len(items))
             return
         self._write(plan)
@@ -132,14 +117,16 @@ class Drainer:
         self.orphan_born = {r: t for r, t in self.orphan_born.items() if r in self.orphans}
         try:
             leftovers = self._retry(lambda: self._transaction(plan))
-        except Exception:  # a failed batch is counted, never propagated
-            if not self.is_past_deadline:
-                log.exception("inference_log: dropping a batch of %d rows", plan.num_items)
+            num_written = len(plan.inserts)
+        except Exception as exc:  # a failed batch is never propagated
             self.num_failed_batches += 1
-            self.writer.count_dropped(plan.num_items)
-            self.writer.settle(plan.num_items)
-            return
-        self.num_written += len(plan.inserts)
+            if self.is_past_deadline:  # the shutdown's flush ran out: the spool keeps the rows
+                self.writer.spill(plan_items(plan))
+                self.writer.settle(plan.num_items)
+                return
+            # refused for a reason of its own rows: store the others, drop only the bad ones
+            num_written, leftovers = write_one_by_one(self, plan, exc)
+        self.num_written += num_written
         now = time.monotonic()
         for rid, row in leftovers.items():
             if rid in self.orphans:
@@ -163,9 +150,10 @@ class Drainer:
             return execute_plan(conn, plan)
 
     def drop_all(self) -> None:
-        """Count everything still queued or held as dropped (close ran out of time)."""
+        """Close ran out of time: everything still queued goes to the spool (or, without one, is
+        counted as dropped)."""
         while items := self.writer.take(0):
-            self.writer.count_dropped(len(items))
+            self.writer.spill(items)
             self.writer.settle(len(items))
 
     def _retry(self, fn: Callable[[], T]) -> T:

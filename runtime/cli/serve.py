@@ -42,6 +42,7 @@ def command(
         -d '{"model": "llama-tiny", "prompt": "Hello", "max_tokens": 8}'
     """
     from runtime.server import create_app, run_server
+    from runtime.server.preflight import preflight
 
     settings = load_settings(
         config_file,
@@ -56,6 +57,7 @@ def command(
             raise ModelLoadError(
                 f"{path} has no config.json (build the demo with `fastllm make-demo-model {path}`)"
             )
+    preflight(settings)  # a setting that cannot work: one line and exit 2, not a traceback
     configure_logging(log_level)
     app = create_app(settings)
     click.echo(

@@ -30,3 +30,4 @@ class FailureReason(_StrEnum):
     OVERLOADED = "overloaded"  # admission refused (429)
     INTERNAL = "internal"  # a model step or a replica failed (5xx)
     TIMEOUT = "timeout"  # the request ran past its deadline
+    UNAUTHORIZED = "unauthorized"  # refused before authentication (counted, no inference_log row)

@@ -1,8 +1,10 @@
 """API keys and the admin token, both sent as `Authorization: Bearer <secret>`.
 
 API keys (settings.api_keys) guard /v1; with none configured the API is open and /openapi.json
-declares no security for it. The admin token guards /admin and is separate: with none configured
-every admin call is refused (403), a missing token is 401 and a wrong one 403.
+declares no security for it. The edge checks the key before it reads a body (`api_key_problem`);
+the route dependency documents it in /openapi.json and checks it again. The admin token guards
+/admin and is separate: with none configured every admin call is refused (403), a missing token
+is 401 and a wrong one 403.
 """
 
 from __future__ import annotations
@@ -26,6 +28,19 @@ def _matches(secret: str, candidates: Sequence[str]) -> bool:
     for candidate in candidates:
         found |= secrets.compare_digest(secret.encode(), candidate.encode())
     return found
+
+
+def api_key_problem(authorization: str | None, api_keys: Sequence[str]) -> str | None:
+    """Why a request with this `Authorization` header is refused, or None when it may pass.
+    The edge (runtime.server.guard) asks this before reading the body."""
+    if not api_keys:
+        return None
+    scheme, _, secret = (authorization or "").partition(" ")  # as fastapi's HTTPBearer reads it
+    if scheme.lower() != "bearer" or not secret:
+        return "missing API key: send `Authorization: Bearer <key>`"
+    if not _matches(secret, api_keys):
+        return "invalid API key"
+    return None
 
 
 def api_key_dependencies(api_keys: Sequence[str]) -> list[Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI
@@ -18,18 +19,22 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
+from starlette.routing import Match
 
 from runtime.engine.reasons import FailureReason
 from runtime.engine.stats import FanOut, RequestStats
 from runtime.errors import FastllmError, Overloaded, ServiceUnavailable
 from runtime.server.schemas import ErrorResponse
+from runtime.server.unsupported import UNSUPPORTED
 
 _HTTP_TYPES = {404: "not_found_error", 405: "invalid_request_error"}
 
 # statuses every API route may answer besides its 200, documented in /openapi.json
 ERROR_STATUSES = {
-    400: "invalid request: bad JSON or UTF-8, wrong types, out-of-range values, prompt too long",
+    400: "invalid request: bad JSON or UTF-8, wrong types, out-of-range values, prompt too long, "
+    "an OpenAI field this server does not support",
     401: "missing or invalid API key",
+    408: "the request body did not arrive within body_read_timeout_s",
     404: "unknown model",
     413: "request body larger than max_body_bytes",
     429: "overloaded; retry after the Retry-After seconds",
@@ -47,6 +52,8 @@ def failure_reason(status: int) -> FailureReason:
         return FailureReason.TIMEOUT
     if status in (429, 503):
         return FailureReason.OVERLOADED
+    if status in (401, 403):
+        return FailureReason.UNAUTHORIZED  # counted, never an inference_log row (storage.writer)
     return FailureReason.VALIDATION if status < 500 else FailureReason.INTERNAL
 
 
@@ -116,13 +123,36 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
     if not errors:
         return "invalid request body", None
-    first = errors[0]
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
-    if first.get("type") == "json_invalid":
-        return f"request body is not valid JSON: {first.get('msg', '')}", None
+    if errors[0].get("type") == "json_invalid":
+        return f"request body is not valid JSON: {errors[0].get('msg', '')}", None
+    first = _most_telling(errors)
+    loc = [str(part) for part in first.get("loc", ()) if part != "body" and not _is_tag(part)]
+    ctx = first.get("ctx") or {}
+    if first.get("type") == UNSUPPORTED and "field" in ctx:  # refused OpenAI fields
+        return str(first.get("msg")), str(ctx["field"])
     where = ".".join(loc) or "body"
     param = loc[0] if loc else None
     return f"{where}: {first.get('msg', 'invalid value')}", param
+
+
+def _most_telling(errors: Sequence[Any]) -> Any:
+    """The error to report, among those of the first field. A union (`stop`: a string or a list
+    of strings) fails once per member; "Input should be a valid string" from the member the
+    value is not says nothing, the other member's "at most 4 items" does."""
+    field = _field(errors[0])
+    same = [e for e in errors if _field(e) == field]
+    return min(same, key=lambda e: (str(e.get("type", "")).endswith("_type"), -len(e["loc"])))
+
+
+def _field(error: Any) -> Any:
+    loc = [part for part in error.get("loc", ()) if part != "body"]
+    return loc[0] if loc else None
+
+
+def _is_tag(part: Any) -> bool:
+    # pydantic names union members in `loc` ("constrained-str", "list[constrained-str]"); field
+    # names and list indexes are identifiers and ints
+    return isinstance(part, str) and not part.isidentifier()
 
 
 async def _on_fastllm_error(request: Request, exc: Exception) -> JSONResponse:
@@ -135,8 +165,9 @@ async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse
     assert isinstance(exc, RequestValidationError)
     message, param = _validation_message(exc)
     body = exc.body
-    if isinstance(body, dict) and isinstance(body.get("model"), str):
-        request.state.model = body["model"]  # the metrics sink maps unserved names to "unknown"
+    model = body.get("model") if isinstance(body, dict) else None
+    if isinstance(model, str) and model.isprintable() and _is_utf8(model):
+        request.state.model = model[:256]  # the metrics sink maps unserved names to "unknown"
     record_request_failure(request, 400)
     payload = error_payload(message, "invalid_request_error", param=param)
     return JSONResponse(payload, status_code=400)
@@ -144,9 +175,35 @@ async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse
 
 async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
+    record_request_failure(request, exc.status_code)  # e.g. a body FastAPI could not parse
     error_type = _HTTP_TYPES.get(exc.status_code, "invalid_request_error")
     payload = error_payload(str(exc.detail), error_type)
-    return JSONResponse(payload, status_code=exc.status_code, headers=exc.headers)
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:  # starlette names the methods of the first route of the path only
+        headers["Allow"] = ", ".join(_methods_at(request))
+    return JSONResponse(payload, status_code=exc.status_code, headers=headers or None)
+
+
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
+def _methods_at(request: Request) -> list[str]:
+    """The methods some route serves at this path (asked of the router, method by method, so
+    routes of included routers count too)."""
+    routes = request.app.router.routes
+    return [
+        method
+        for method in _METHODS
+        if any(r.matches({**request.scope, "method": method})[0] == Match.FULL for r in routes)
+    ]
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def install_error_handlers(app: FastAPI) -> None:

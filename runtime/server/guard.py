@@ -1,12 +1,18 @@
 """The outermost ASGI layer of the API: admission and last-resort error handling.
 
-For every /v1 request it
-- refuses while not ready or draining (503 + Retry-After) and counts what is in flight, so the
-  drain knows when the last streamed byte has left;
-- reads the body up front, bounded by `max_body_bytes` whether or not a Content-Length was sent
-  (413), and refuses a body that is not UTF-8 (400); the body is then replayed to the app, and
-  later `receive()` calls go to the server, so a client disconnect still reaches the route;
-- turns any exception nothing else handled into a 500 with the error body (failure "internal").
+For every /v1 request, in this order, it
+- checks the API key before anything else (401; counted as reason "unauthorized", never an
+  inference_log row: a client without a key must not be able to grow the table);
+- refuses while not ready or draining (503 + Retry-After);
+- reads the body up front (runtime.server.body): bounded by `max_body_bytes` whether or not a
+  Content-Length was sent (413), by `body_read_timeout_s` (408), and cut short by the drain
+  (503); a body that is not UTF-8, whose text holds a lone surrogate, or that nests too deep is
+  a 400 (runtime.server.json_check);
+- counts the request as in flight only once its body is in, so the drain waits for requests
+  being served, never for a body that does not arrive;
+- replays the body to the app (later `receive()` calls go to the server, so a client disconnect
+  still reaches the route) and turns any exception nothing else handled into a 500 with the
+  error body (failure "internal").
 """
 
 from __future__ import annotations
@@ -17,7 +23,10 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from runtime.server.auth import api_key_problem
+from runtime.server.body import BodyLimits, Refusal, header, read_body
 from runtime.server.errors import error_payload, record_failure
+from runtime.server.json_check import check_json
 
 log = logging.getLogger("fastllm.server")
 
@@ -32,44 +41,46 @@ class Guard:
             await self.app(scope, receive, send)
             return
         state = self.state
+        problem = api_key_problem(header(scope, b"authorization"), state.settings.api_keys)
+        if problem is not None:
+            unauthorized = Refusal(401, problem, "authentication_error", code="invalid_api_key")
+            await self._refuse(scope, send, unauthorized)
+            return
         if state.drain.is_draining or not state.is_ready:
             why = "shutting down" if state.drain.is_draining else "not ready"
             message = state.load_error or f"the server is {why}; retry later"
-            await self._refuse(scope, send, 503, message, "service_unavailable", retry_after=5)
+            await self._refuse(
+                scope, send, Refusal(503, message, "service_unavailable", retry_after=5)
+            )
+            return
+        body = b""
+        if scope["method"] in ("POST", "PUT", "PATCH"):
+            settings = state.settings
+            limits = BodyLimits(settings.max_body_bytes, settings.body_read_timeout_s)
+            read = await read_body(scope, receive, limits, lambda: state.drain.is_draining)
+            if read is None:  # the client went away before its body was in
+                return
+            if isinstance(read, Refusal):
+                await self._refuse(scope, send, read)
+                return
+            body = read
+            bad_text = _check_text(body)
+            if bad_text is not None:
+                await self._refuse(scope, send, bad_text)
+                return
+        if state.drain.is_draining:  # began while the body arrived (no await since the check)
+            message = "the server is shutting down; retry later"
+            await self._refuse(
+                scope, send, Refusal(503, message, "service_unavailable", retry_after=5)
+            )
             return
         state.drain.enter()
         try:
-            await self._admit(scope, receive, send)
+            await self._admit(scope, receive, send, body)
         finally:
             state.drain.exit()
 
-    async def _admit(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = b""
-        if scope["method"] in ("POST", "PUT", "PATCH"):
-            limit = self.state.settings.max_body_bytes
-            declared = _content_length(scope)
-            if declared is not None and declared > limit:
-                await self._too_large(scope, send, limit)
-                return
-            chunks, size, more = [], 0, True
-            while more:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > limit:
-                    await self._too_large(scope, send, limit)
-                    return
-                chunks.append(chunk)
-                more = message.get("more_body", False)
-            body = b"".join(chunks)
-            try:
-                body.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                message_text = f"request body is not valid UTF-8 (byte {exc.start})"
-                await self._refuse(scope, send, 400, message_text, "invalid_request_error")
-                return
+    async def _admit(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:
         replayed = False
 
         async def replay() -> Message:
@@ -94,52 +105,33 @@ class Guard:
             if not started:
                 # the engine already recorded an admitted request's failure
                 is_recorded = bool(scope.get("state", {}).get("engine_recorded"))
-                await self._refuse(
-                    scope,
-                    send,
-                    500,
-                    "internal server error",
-                    "internal_error",
-                    record=not is_recorded,
-                )
-
-    async def _too_large(self, scope: Scope, send: Send, limit: int) -> None:
-        message = f"request body exceeds max_body_bytes ({limit} bytes)"
-        await self._refuse(scope, send, 413, message, "invalid_request_error", code="too_large")
+                refusal = Refusal(500, "internal server error", "internal_error")
+                await self._refuse(scope, send, refusal, record=not is_recorded)
 
     async def _refuse(
-        self,
-        scope: Scope,
-        send: Send,
-        status: int,
-        message: str,
-        error_type: str,
-        *,
-        retry_after: int | None = None,
-        record: bool = True,
-        code: str | None = None,
+        self, scope: Scope, send: Send, refusal: Refusal, *, record: bool = True
     ) -> None:
         if record and scope["method"] == "POST":
-            traceparent = _header(scope, b"traceparent")
-            record_failure(self.state.stats, status, traceparent=traceparent)
-        body = json.dumps(error_payload(message, error_type, code=code)).encode()
+            traceparent = header(scope, b"traceparent")
+            record_failure(self.state.stats, refusal.status, traceparent=traceparent)
+        payload = error_payload(
+            refusal.message, refusal.error_type, param=refusal.param, code=refusal.code
+        )
+        body = json.dumps(payload).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-        if retry_after is not None:
-            headers.append((b"retry-after", str(retry_after).encode()))
-        await send({"type": "http.response.start", "status": status, "headers": headers})
+        if refusal.retry_after is not None:
+            headers.append((b"retry-after", str(refusal.retry_after).encode()))
+        if refusal.status == 401:
+            headers.append((b"www-authenticate", b"Bearer"))
+        if refusal.close:
+            headers.append((b"connection", b"close"))
+        await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", ()):
-        if key == name:
-            return str(value.decode("latin-1"))
-    return None
-
-
-def _content_length(scope: Scope) -> int | None:
-    value = _header(scope, b"content-length")
+def _check_text(body: bytes) -> Refusal | None:
     try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return None
+        body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return Refusal(400, f"request body is not valid UTF-8 (byte {exc.start})")
+    return check_json(body)

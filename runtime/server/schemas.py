@@ -1,15 +1,24 @@
 """OpenAI-compatible request and response bodies (the subset this server speaks).
 
 Requests are strict (`"5"` is not an integer) and ignore unknown fields, as OpenAI-compatible
-servers do, so clients that send extra parameters keep working. These models are also what
-/openapi.json documents, so schemathesis generates cases from exactly these rules.
+servers do, so clients that send extra parameters keep working; OpenAI's own fields that this
+server does not implement (logprobs, tools, response_format, ...) are refused unless sent with
+their neutral value (runtime.server.unsupported). These models are also what /openapi.json
+documents, so schemathesis generates cases from exactly these rules.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from runtime.server.unsupported import (
+    CHAT_FIELDS,
+    COMPLETION_FIELDS,
+    EMBEDDING_FIELDS,
+    refuse_unsupported,
+)
 
 # Bounds a client may send; the engine and the model's context bound them further (as 400s).
 MAX_STOP = 4
@@ -66,6 +75,11 @@ class _Sampling(_Request):
 
 
 class CompletionRequest(_Sampling):
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data: Any) -> Any:
+        return refuse_unsupported(data, COMPLETION_FIELDS)
+
     # a string, token ids, or a one-element batch of either (n=1, one prompt per request)
     prompt: (
         NonEmptyStr
@@ -88,11 +102,21 @@ class ChatMessage(_Request):
 
 
 class ChatCompletionRequest(_Sampling):
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data: Any) -> Any:
+        return refuse_unsupported(data, CHAT_FIELDS)
+
     messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
     max_completion_tokens: PositiveInt | None = Field(None, description="alias of max_tokens")
 
 
 class EmbeddingRequest(_Request):
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data: Any) -> Any:
+        return refuse_unsupported(data, EMBEDDING_FIELDS)
+
     model: str = Field(min_length=1, max_length=256)
     input: NonEmptyStr | Annotated[list[NonEmptyStr], Field(min_length=1, max_length=256)]
     encoding_format: Literal["float", "base64"] = "float"

@@ -146,19 +146,20 @@ def attach_storage(state: ServerState) -> None:
 
     settings = state.settings
     monitoring = state.monitoring
-    writer = InferenceLogWriter(
-        settings.database_url,
-        queue_size=settings.log_queue_size,
-        batch_size=settings.log_batch_size,
+    writer = InferenceLogWriter.from_settings(
+        settings,
         on_drop=monitoring.prometheus.on_log_dropped if monitoring is not None else None,
         migrate=True,  # the drain thread applies the migrations before its first write
         autostart=False,
     )
+    if monitoring is not None:
+        monitoring.prometheus.set_log_queue_source(lambda: writer.num_queued)
     state.stats.add(writer)
     state.on_start.append(writer.start)
 
     def close_writer() -> None:
-        writer.close(timeout=10.0)  # flushes what is queued, then stops the drain thread
+        # flushes what is queued, spills what the timeout leaves, then stops the drain thread
+        writer.close(timeout=settings.log_close_timeout_s)
 
     state.on_stop.append(close_writer)
     state.writer = writer

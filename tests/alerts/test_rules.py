@@ -23,6 +23,7 @@ EXPECTED = {
     "FastllmHighErrorRatio",
     "FastllmQueueSaturation",
     "FastllmInferenceLogDropping",
+    "FastllmInferenceLogBacklog",
     "FastllmRuntimeDown",
 }
 

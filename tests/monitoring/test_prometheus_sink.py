@@ -107,7 +107,18 @@ def test_steals_and_dropped_rows(sink: PrometheusSink) -> None:
     sink.record(step=syn.step(2, ts=2.0))
     sink.record(step=syn.step(3, ts=3.0))
     assert value(sink, "fastllm_scheduler_steals_total") == 6  # synced, not added twice
-    assert value(sink, "fastllm_inference_log_dropped_total") == 3
+    assert value(sink, "fastllm_inference_log_dropped_total", reason="queue_full") == 3
+    sink.on_log_dropped(2, "unstorable")
+    assert value(sink, "fastllm_inference_log_dropped_total", reason="unstorable") == 2
+
+
+def test_log_queue_rows_are_read_at_scrape_time(sink: PrometheusSink) -> None:
+    assert value(sink, "fastllm_inference_log_queue_rows") == 0  # no writer: shown at zero
+    queued = [7]
+    sink.set_log_queue_source(lambda: queued[0])
+    assert value(sink, "fastllm_inference_log_queue_rows") == 7
+    queued[0] = 0
+    assert value(sink, "fastllm_inference_log_queue_rows") == 0
 
 
 def test_busy_window_and_external_utilization(sink: PrometheusSink) -> None:

@@ -39,7 +39,8 @@ CONTRACT: dict[str, tuple[str, set[str]]] = {
     "fastllm_allocator_events_total": ("counter", {"tier", "event"}),
     "fastllm_operator_anomalies_total": ("counter", {"model", "version", "op"}),
     "fastllm_scheduler_steals_total": ("counter", set()),
-    "fastllm_inference_log_dropped_total": ("counter", set()),
+    "fastllm_inference_log_dropped_total": ("counter", {"reason"}),
+    "fastllm_inference_log_queue_rows": ("gauge", set()),
 }
 
 

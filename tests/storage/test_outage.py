@@ -67,7 +67,7 @@ def test_overflow_during_outage_is_counted_and_the_rest_is_written(
         batch_size=5,
         max_backoff_s=0.2,
         migrate=False,
-        on_drop=dropped.append,
+        on_drop=lambda n, reason: dropped.append(n),
     )
     postgres_cluster.stop()
     writer.record(finished=[request_stats(0)])

@@ -95,13 +95,17 @@ def test_early_logit_merges_when_the_request_row_follows_before_a_flush(engine: 
 
 
 def test_full_queue_drops_and_counts(engine: Engine) -> None:
-    dropped: list[int] = []
+    dropped: list[tuple[int, str]] = []
     writer = InferenceLogWriter(
-        engine, queue_size=5, migrate=False, autostart=False, on_drop=dropped.append
+        engine,
+        queue_size=5,
+        migrate=False,
+        autostart=False,
+        on_drop=lambda n, reason: dropped.append((n, reason)),
     )
     for i in range(8):
         writer.record(finished=[request_stats(i)])
-    assert writer.num_dropped == 3 and sum(dropped) == 3
+    assert writer.num_dropped == 3 and dropped == [(1, "queue_full")] * 3
     writer.start()
     assert writer.close(timeout=30) is False  # something was dropped
     assert [r.request_id for r in rows(engine)] == [f"req-{i}" for i in range(5)]
@@ -110,7 +114,7 @@ def test_full_queue_drops_and_counts(engine: Engine) -> None:
 def test_record_never_raises(engine: Engine) -> None:
     dropped: list[int] = []
 
-    def broken_hook(n: int) -> None:
+    def broken_hook(n: int, reason: str) -> None:
         dropped.append(n)
         raise RuntimeError("metrics hook is broken")
 

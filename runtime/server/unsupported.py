@@ -1,0 +1,77 @@
+"""OpenAI request fields this server does not implement are refused, never silently ignored: a
+client asking for logprobs, tools or JSON mode must learn it does not get them. A field sent with
+its neutral value (`echo: false`, `tools: []`, `response_format: {"type": "text"}`, ...) asks for
+nothing and passes; any other value is a 400 naming the field. Fields that are not OpenAI's
+stay ignored, as in other OpenAI-compatible servers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic_core import PydanticCustomError
+
+UNSUPPORTED = "unsupported_field"  # the pydantic error type (runtime.server.errors reads it)
+
+_NONE: tuple[Any, ...] = (None,)
+_OFF: tuple[Any, ...] = (None, False, 0)
+_EMPTY: tuple[Any, ...] = (None, [], {})
+_ZERO: tuple[Any, ...] = (None, 0)
+
+# field -> the values that ask for nothing (compared with ==)
+_SAMPLING: dict[str, tuple[Any, ...]] = {
+    "logit_bias": _EMPTY,
+    "presence_penalty": _ZERO,
+    "frequency_penalty": _ZERO,
+}
+COMPLETION_FIELDS: dict[str, tuple[Any, ...]] = {
+    **_SAMPLING,
+    "logprobs": _NONE,  # an int: even 0 asks for the sampled token's logprob
+    "echo": _OFF,
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+}
+CHAT_FIELDS: dict[str, tuple[Any, ...]] = {
+    **_SAMPLING,
+    "logprobs": _OFF,
+    "top_logprobs": _ZERO,
+    "tools": _EMPTY,
+    "tool_choice": (None, "none"),
+    "functions": _EMPTY,
+    "function_call": (None, "none"),
+    "response_format": (None, {"type": "text"}),
+    "modalities": (None, ["text"]),
+    "audio": _NONE,
+    "prediction": _NONE,
+}
+EMBEDDING_FIELDS: dict[str, tuple[Any, ...]] = {"dimensions": _NONE}
+
+
+def refuse_unsupported(data: Any, fields: Mapping[str, tuple[Any, ...]]) -> Any:
+    """A model_validator(mode="before"): raises for the first unsupported field in use."""
+    if not isinstance(data, dict):
+        return data  # the model's own validation reports the wrong type
+    for name, neutral in fields.items():
+        if name in data and not _is_neutral(data[name], neutral):
+            raise PydanticCustomError(
+                UNSUPPORTED,
+                "{field} is not supported by this server (send it unset or {neutral})",
+                {"field": name, "neutral": _show(neutral)},
+            )
+    return data
+
+
+def _is_neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
+    # bool is an int in Python: `true` must not pass as 1 (best_of), nor `1` as true (echo)
+    return value is None or any(
+        value == n and isinstance(value, bool) == isinstance(n, bool)
+        for n in neutral
+        if n is not None
+    )
+
+
+def _show(neutral: tuple[Any, ...]) -> str:
+    shown = [json.dumps(n) for n in neutral if n is not None]
+    return " or ".join(shown) if shown else "null"
