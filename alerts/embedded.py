@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
+from alerts.cached_store import CachedSampleStore
 from alerts.evaluator import AlertEvaluator, EvaluatorConfig
 from alerts.events import EventSink, MemoryEvents, SqlEvents
 from alerts.notifiers import build_notifiers
@@ -45,7 +46,10 @@ def build_evaluator(
     if metric_store is not None:
         from alerts.sql_store import SqlSampleStore
 
-        store, events = SqlSampleStore(metric_store), SqlEvents(metric_store)
+        # reads of what this process sampled come from memory (the rules every round, the
+        # status page's panels); the table keeps every point and a previous run's history
+        store = CachedSampleStore(SqlSampleStore(metric_store))
+        events = SqlEvents(metric_store)
     else:
         store, events = MemorySampleStore(), MemoryEvents()
     notifiers = build_notifiers(

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -81,6 +82,9 @@ class AlertEvaluator:
             config.min_retention_s,
         )
         self.alert_series = AlertSeries()
+        # the newest round fully in the store: results at earlier times can no longer change
+        self.settled_ts: float | None = None
+        self.recent: deque[Transition] = deque(maxlen=256)  # newest transitions (status page)
         self._last_sent: float | None = None
         self._job_id: str | None = None
 
@@ -95,6 +99,8 @@ class AlertEvaluator:
         transitions = self.manager.evaluate(t)
         # as Prometheus: the ALERTS series of this round, stamped with the evaluation time
         self.store.append(t, self.alert_series.points(self.manager.alerts((PENDING, FIRING))))
+        self.settled_ts = t
+        self.recent.extend(transitions)
         if transitions:
             try:
                 self.events.record(transitions)

@@ -23,7 +23,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from runtime.allocator import Allocator, LiveBlock
-from runtime.batcher import AdaptiveBatchController, BusyTracker, make_utilization_source
+from runtime.batcher import (
+    AdaptiveBatchController,
+    BatchPolicyConfig,
+    BusyTracker,
+    make_utilization_source,
+)
 from runtime.engine_build import EngineParts, build_parts, default_loader
 from runtime.engine_config import EngineConfig
 from runtime.engine_embed import EmbeddingResult, embed_texts
@@ -225,6 +230,11 @@ class Engine:
     @property
     def batch_size_limit(self) -> int:
         return self._parts.controller.limit
+
+    @property
+    def batch_policy(self) -> BatchPolicyConfig:
+        """The controller's band and steps now (set_batch_policy changes them at run time)."""
+        return self._parts.controller.config
 
     def allocator_stats(self) -> AllocatorStats:
         return self._parts.allocator.stats()

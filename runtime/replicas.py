@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from runtime.allocator import LiveBlock
+from runtime.batcher import BatchPolicyConfig
 from runtime.engine import EmbeddingResult, Engine, EngineConfig
 from runtime.errors import (
     ConfigError,
@@ -258,6 +259,10 @@ class ReplicaSet:
     @property
     def batch_size_limit(self) -> int:
         return sum(engine.batch_size_limit for engine in self.replicas)
+
+    @property
+    def batch_policy(self) -> BatchPolicyConfig:
+        return self.replicas[0].batch_policy  # set_batch_policy sets every replica alike
 
     def _per_device(self) -> list[Engine]:
         """One replica per device: replicas on one device share its allocator."""

@@ -5,18 +5,20 @@ into one matrix row.
 Evaluating at N steps would read the store N times per selector; `_WindowedSource` reads each
 selector once for the whole range (plus the expression's reach) and answers the per-step windows
 from memory, so a 120-step panel costs one store read per selector (a SQL round trip on
-`metric_samples`), not 120.
+`metric_samples`), not 120. A caller refreshing the same query (a dashboard panel every few
+seconds) passes a memo, and only the steps the store can still change are evaluated again.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+import math
+from collections.abc import MutableMapping, Sequence
 
 from alerts.promql import ast
 from alerts.promql.engine import Evaluator, SeriesSource
 from alerts.promql.scale import max_window_s
-from alerts.promql.types import Labels, Matcher, Sample, Series
+from alerts.promql.types import Labels, Matcher, Sample, Series, Vector
 from runtime.errors import AlertRuleError
 
 MAX_POINTS = 11_000  # Prometheus' limit per series ("exceeded maximum resolution")
@@ -56,7 +58,7 @@ def step_times(start: float, end: float, step: float) -> list[float]:
             "try decreasing the query resolution (?step=XX)"
         )
     count = int((end - start) // step) + 1
-    return [start + i * step for i in range(count)]
+    return [round(start + i * step, 3) for i in range(count)]  # ms, as Prometheus
 
 
 def evaluate_range(
@@ -67,16 +69,36 @@ def evaluate_range(
     step: float,
     *,
     lookback_s: float,
+    memo: MutableMapping[float, Vector] | None = None,
+    settled_before: float = -math.inf,
 ) -> list[Series]:
     """One Series per output label set, points in time order (a scalar expression yields one
-    series with no labels). Steps where a series has no sample are simply absent."""
+    series with no labels). Steps where a series has no sample are simply absent.
+
+    `memo`: results of earlier evaluations of this same expression by step time. A step before
+    `settled_before` (a time the store has a later round than) can no longer change, so it is
+    taken from the memo when there and stored in it when computed."""
     times = step_times(start, end, step)
+    memo = memo if memo is not None else {}
+    todo = [t for t in times if not (t < settled_before and t in memo)]
     reach = max_window_s(expr) + lookback_s
-    engine = Evaluator(_WindowedSource(source, start - reach, end), lookback_s=lookback_s)
+    window_start = (todo[0] if todo else end) - reach
+    engine = Evaluator(_WindowedSource(source, window_start, end), lookback_s=lookback_s)
     rows: dict[Labels, list[tuple[float, float | None]]] = {}
     for t in times:
-        value = engine.instant(expr, t)
-        samples = [Sample((), value)] if isinstance(value, float) else value
+        samples = memo.get(t) if t < settled_before else None
+        if samples is None:
+            samples = _step(engine, expr, t)
+            if t < settled_before:
+                memo[t] = samples
         for s in samples:
             rows.setdefault(s.labels, []).append((t, s.value))
     return [Series(labels, points) for labels, points in rows.items()]
+
+
+def _step(engine: Evaluator, expr: ast.Expr, t: float) -> Vector:
+    value = engine.instant(expr, t)
+    samples = [Sample((), value)] if isinstance(value, float) else value
+    if len({s.labels for s in samples}) < len(samples):
+        raise AlertRuleError("vector cannot contain metrics with the same labelset")
+    return samples

@@ -58,10 +58,9 @@ def command(
             )
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
-    click.echo(
-        f"serving {settings.served_model_name} on http://{settings.host}:{settings.port}/v1",
-        err=True,
-    )
+    base = f"http://{settings.host}:{settings.port}"
+    click.echo(f"serving {settings.served_model_name} on {base}/v1", err=True)
+    click.echo(f"status page: {base}/  (metrics: {base}/metrics)", err=True)
     rc = run_server(
         app,
         host=settings.host,

@@ -24,6 +24,7 @@ from runtime.server.auth import api_key_dependencies
 from runtime.server.errors import install_error_handlers
 from runtime.server.guard import Guard
 from runtime.server.rollout_wiring import attach_rollout
+from runtime.server.routes_status import attach_status_page
 from runtime.server.state import ServerState
 
 log = logging.getLogger("fastllm.server")
@@ -53,6 +54,7 @@ def create_app(settings: Settings | None = None, *, state: ServerState | None = 
             routes_legacy.router, dependencies=api_key_dependencies(state.settings.api_keys)
         )
     app.include_router(routes_health.router)
+    attach_status_page(app, state)  # GET / and its read-only query API
     app.add_middleware(Guard, state=state)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
