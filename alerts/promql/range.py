@@ -52,7 +52,7 @@ def step_times(start: float, end: float, step: float) -> list[float]:
         raise AlertRuleError("end timestamp must not be before start time")
     if step <= 0:
         raise AlertRuleError("zero or negative query resolution step widths are not accepted")
-    if (end - start) / step >= MAX_POINTS:
+    if (end - start) / step > MAX_POINTS:
         raise AlertRuleError(
             f"exceeded maximum resolution of {MAX_POINTS:,} points per timeseries; "
             "try decreasing the query resolution (?step=XX)"

@@ -9,6 +9,7 @@ import pytest
 
 from alerts.promql import Evaluator, parse
 from alerts.promql.range import MAX_POINTS, evaluate_range, step_times
+from alerts.promql.scale import selectors
 from alerts.promql.types import Sample, make_labels
 from alerts.store import MemorySampleStore
 from runtime.errors import AlertRuleError
@@ -20,7 +21,9 @@ EXPRESSIONS = [
     "count(not_there) or vector(0)",
     "time() - 1",  # a scalar: one series without labels
     "max_over_time(mem[3m] offset 1m)",
+    "mem - mem offset 2m",  # instant selectors: the lookback reaches before the window
 ]
+LOOKBACK_S = 60.0
 
 
 def _store() -> MemorySampleStore:
@@ -45,8 +48,8 @@ def _store() -> MemorySampleStore:
 @pytest.mark.parametrize("text", EXPRESSIONS)
 def test_a_range_is_the_instant_query_at_every_step(text: str) -> None:
     store, expr = _store(), parse(text)
-    rows = evaluate_range(store, expr, 300.0, 1100.0, 37.0, lookback_s=300.0)
-    engine = Evaluator(store)
+    rows = evaluate_range(store, expr, 300.0, 1100.0, 37.0, lookback_s=LOOKBACK_S)
+    engine = Evaluator(store, lookback_s=LOOKBACK_S)
     expected: dict[tuple[tuple[str, str], ...], list[tuple[float, float]]] = {}
     for t in step_times(300.0, 1100.0, 37.0):
         value = engine.instant(expr, t)
@@ -85,7 +88,8 @@ def test_ranges_prometheus_refuses() -> None:
     with pytest.raises(AlertRuleError, match="zero or negative"):
         step_times(0.0, 5.0, 0.0)
     with pytest.raises(AlertRuleError, match="maximum resolution"):
-        step_times(0.0, float(MAX_POINTS), 1.0)
+        step_times(0.0, float(MAX_POINTS + 1), 1.0)
+    assert len(step_times(0.0, float(MAX_POINTS), 1.0)) == MAX_POINTS + 1  # as Prometheus allows
     assert step_times(0.0, 1.0, 0.3) == [0.0, 0.3, 0.6, 0.9]  # whole milliseconds
 
 
@@ -98,3 +102,23 @@ def test_duplicate_label_sets_are_an_error_as_in_prometheus() -> None:
     expr = parse('abs({__name__=~"mem|mem2"})')
     with pytest.raises(AlertRuleError, match="same labelset"):
         evaluate_range(store, expr, 1200.0, 1200.0, 60.0, lookback_s=300.0)
+
+
+class _CountingStore:
+    def __init__(self, store: MemorySampleStore) -> None:
+        self.store, self.num_reads = store, 0
+
+    def select(self, matchers, start, end):  # type: ignore[no-untyped-def]
+        self.num_reads += 1
+        return self.store.select(matchers, start, end)
+
+
+@pytest.mark.parametrize("text", EXPRESSIONS)
+def test_each_selector_is_read_once_for_the_whole_range(text: str) -> None:
+    # the windowed source answers every step from one read (a step outside it would fall back
+    # to the store: right values, but a read per step)
+    store = _CountingStore(_store())
+    expr = parse(text)
+    evaluate_range(store, expr, 300.0, 1100.0, 37.0, lookback_s=LOOKBACK_S)
+    distinct = {sel.matchers for sel in selectors(expr)}  # `mem` and `mem offset 2m`: one read
+    assert store.num_reads == len(distinct), text
