@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException
 
 from runtime.server.errors import ErrorResponse
 from runtime.server.state import ServerState, get_state
-from runtime.server.status_auth import Viewer, status_viewer
+from runtime.server.status_auth import Viewer, documented_security, status_viewer
 from runtime.server.status_facts import alerts_info, audit_info
 from runtime.server.status_page import StatusPage
 from runtime.server.status_query import QueryError, parse_step, parse_time
@@ -47,7 +47,7 @@ SECURITY_HEADERS = {
 def attach_status_page(app: FastAPI, state: ServerState) -> None:
     """Mount the page; its catalogue and query service are built from `state` once."""
     app.state.status_page = StatusPage.from_state(state)
-    app.include_router(router)
+    app.include_router(router, dependencies=documented_security(state.settings.api_keys))
 
 
 def _page(request: Request) -> StatusPage:

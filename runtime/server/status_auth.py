@@ -12,9 +12,10 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import Request, Security
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import HTTPBearer
 
 from runtime.errors import AuthenticationError
 from runtime.server.state import get_state
@@ -38,19 +39,25 @@ def _matches(secret: str, candidates: Sequence[str]) -> bool:
     return found
 
 
-def status_viewer(
-    request: Request,
-    credentials: HTTPAuthorizationCredentials | None = Security(_bearer),
-) -> Viewer:
+def status_viewer(request: Request) -> Viewer:
+    """The header is read here, not through a declared security scheme: with no API keys the
+    data is open and /openapi.json must not claim otherwise (`documented_security` adds the
+    declaration when keys are configured)."""
     settings = get_state(request).settings
-    secret = credentials.credentials if credentials is not None else None
+    scheme, _, secret = request.headers.get("authorization", "").partition(" ")
+    token = secret.strip() if scheme.lower() == "bearer" and secret.strip() else None
     admin = settings.admin_token
-    is_admin = bool(admin) and secret is not None and _matches(secret, (str(admin),))
+    is_admin = bool(admin) and token is not None and _matches(token, (str(admin),))
     if settings.api_keys and not is_admin:
-        if secret is None:
+        if token is None:
             raise AuthenticationError(
                 "missing API key: send `Authorization: Bearer <key>`", code="invalid_api_key"
             )
-        if not _matches(secret, settings.api_keys):
+        if not _matches(token, settings.api_keys):
             raise AuthenticationError("invalid API key", code="invalid_api_key")
     return Viewer(is_admin=is_admin)
+
+
+def documented_security(api_keys: Sequence[str]) -> list[Any]:
+    """Router dependencies that only declare the bearer scheme in /openapi.json (with keys)."""
+    return [Security(_bearer)] if api_keys else []
