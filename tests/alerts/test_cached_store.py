@@ -22,7 +22,7 @@ def test_replays_promtool_tests_like_the_other_stores() -> None:
     def store() -> CachedSampleStore:
         return CachedSampleStore(SqlSampleStore(_metric_store()))
 
-    for name in ("runtime_down.test.yml", "memory.test.yml"):
+    for name in ("runtime_down.test.yml",):
         checks = replay_file(TESTS / name, store_factory=store)
         assert checks
         for check in checks:

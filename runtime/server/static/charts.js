@@ -5,7 +5,7 @@
 import { clockTime, formatValue } from "./format.js";
 
 const NS = "http://www.w3.org/2000/svg";
-const PAD = { left: 58, right: 10, top: 8, bottom: 20 };
+const PAD = { left: 74, right: 10, top: 8, bottom: 20 };
 
 function svg(tag, attrs, parent) {
   const node = document.createElementNS(NS, tag);
@@ -44,15 +44,25 @@ function extent(series, opts) {
   }
   if (!Number.isFinite(lo)) [lo, hi] = [0, 1];
   lo = opts.min ?? Math.min(0, lo);
-  hi = opts.max ?? (hi > lo ? hi + (hi - lo) * 0.05 : lo + 1);
-  return [lo, hi > lo ? hi : lo + 1];
+  hi = opts.max ?? (hi > lo ? hi : lo + 1);
+  hi = hi > lo ? hi : lo + 1;
+  const step = niceStep((hi - lo) / 4);
+  // round free bounds out to whole ticks; a panel's own min/max stay exact
+  return [opts.min ?? Math.floor(lo / step) * step, opts.max ?? Math.ceil(hi / step) * step, step];
+}
+
+// 1, 2 or 5 times a power of ten: tick spacing people read at a glance
+function niceStep(raw) {
+  const power = 10 ** Math.floor(Math.log10(raw));
+  const f = raw / power;
+  return (f <= 1 ? 1 : f <= 2 ? 2 : f <= 5 ? 5 : 10) * power;
 }
 
 // series: [{name, color, points: [[t, v], ...]}]; opts: {unit, start, end, step, min, max,
 // bands: [{from, to, color}], lines: [{value, color, label}], height}
 export function lineChart(box, series, opts) {
   const { root, width, height } = frame(box, opts.height || 170);
-  const [lo, hi] = extent(series, opts);
+  const [lo, hi, tick] = extent(series, opts);
   const x0 = PAD.left;
   const x1 = width - PAD.right;
   const y0 = height - PAD.bottom;
@@ -66,10 +76,11 @@ export function lineChart(box, series, opts) {
       svg("rect", { x: x0, y: top, width: x1 - x0, height: bottom - top, fill: band.color, "fill-opacity": 0.13 }, root);
     }
   }
-  for (let i = 0; i <= 4; i += 1) {
-    const v = lo + ((hi - lo) * i) / 4;
-    svg("line", { x1: x0, x2: x1, y1: y(v), y2: y(v), class: "grid" }, root);
-    text(root, x0 - 4, y(v) + 4, formatValue(v, opts.unit), { "text-anchor": "end", class: "tick" });
+  const first = Math.ceil(lo / tick) * tick;
+  for (let i = 0, v = first; i < 12 && v <= hi + tick * 1e-9; i += 1, v = first + i * tick) {
+    const at = Math.abs(v) < tick * 1e-9 ? 0 : v; // no "-0" from float steps
+    svg("line", { x1: x0, x2: x1, y1: y(at), y2: y(at), class: "grid" }, root);
+    text(root, x0 - 4, y(at) + 4, formatValue(at, opts.unit), { "text-anchor": "end", class: "tick" });
   }
   for (let i = 0; i <= 3; i += 1) {
     const t = opts.start + ((opts.end - opts.start) * i) / 3;

@@ -4,6 +4,8 @@
 
 import { clockTime, formatDuration, formatValue } from "./format.js";
 
+const NUM_CHANGES = 10;
+
 function make(tag, className, parent, content) {
   const node = document.createElement(tag);
   if (className) node.className = className;
@@ -77,12 +79,13 @@ function renderAlerts(box, alerts, now) {
     }
   }
   if (!alerts.changes.length) return;
-  make("h3", "", box, "Recent changes");
-  const changes = make("ol", "changes", box);
-  for (const c of alerts.changes) {
+  make("h3", "", box, "Recent changes (newest first)");
+  const changes = make("ul", "changes", box);
+  for (const c of alerts.changes.slice(-NUM_CHANGES).reverse()) {
     const item = make("li", "", changes);
     item.dataset.alert = c.alertname;
     item.dataset.state = c.state;
+    item.dataset.ts = String(c.ts);
     const where = Object.entries(c.labels)
       .filter(([k]) => !["alertname", "severity", "job", "instance"].includes(k))
       .map(([k, v]) => `${k}=${v}`)
