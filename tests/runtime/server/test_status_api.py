@@ -4,6 +4,7 @@ same requests sent to a real Prometheus give the same answers)."""
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -213,3 +214,12 @@ def test_answers_match_a_real_prometheus(
         assert {k: got.json()[k] for k in ("status", "errorType")} == {
             k: want.json()[k] for k in ("status", "errorType")
         }, params
+
+
+def test_the_package_ships_every_static_file() -> None:
+    text = (STATIC.parents[2] / "pyproject.toml").read_text()
+    line = re.search(r'^"runtime\.server" = \[(.*)\]$', text, flags=re.M)
+    assert line is not None, "no package-data for runtime.server"
+    patterns = re.findall(r'"([^"]+)"', line.group(1))
+    for path in STATIC.iterdir():
+        assert any(fnmatch.fnmatch(f"static/{path.name}", p) for p in patterns), path.name
