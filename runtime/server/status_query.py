@@ -132,6 +132,7 @@ class QueryService:
 
     def instant(self, text: str | None, t: float) -> dict[str, Any]:
         expr, kind = self._parse(text)
+        t = round(t, 3)  # milliseconds, as Prometheus stamps results
         rows = self._range(text, expr, t, t, 1.0)  # one step: the same path, the same memo
         if kind == "scalar":
             value = rows[0].points[0][1] if rows else math.nan
