@@ -5,11 +5,13 @@ registry. The server calls `start_embedded(settings, registry)` after its metric
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
+from alerts.cached_store import CachedSampleStore
 from alerts.evaluator import AlertEvaluator, EvaluatorConfig
 from alerts.events import EventSink, MemoryEvents, SqlEvents
 from alerts.notifiers import build_notifiers
@@ -27,17 +29,27 @@ def build_evaluator(
     *,
     metric_store: MetricStore | None = None,
     clock: Callable[[], float] = time.time,
+    extra_names: Iterable[str] = (),
+    min_retention_s: float = 0.0,
 ) -> AlertEvaluator:
     """Samples and events go to SQL (`metric_samples`, `alert_events`) when a MetricStore is
-    given, else to memory; notifiers from settings (webhook, Alertmanager) plus the log."""
-    config = EvaluatorConfig.from_settings(settings)
+    given, else to memory; notifiers from settings (webhook, Alertmanager) plus the log.
+    `extra_names` are sampled beside the rules' metrics and kept `min_retention_s` at least
+    (the status page's panels)."""
+    config = replace(
+        EvaluatorConfig.from_settings(settings),
+        extra_names=frozenset(extra_names),
+        min_retention_s=min_retention_s,
+    )
     store: SampleStore
     events: EventSink
     if metric_store is not None:
         from alerts.sql_store import SqlSampleStore
 
-        # only the instance this evaluator samples: others may share the database
-        store = SqlSampleStore(metric_store, instances={source.instance})
+        # only the instance this evaluator samples (others may share the database); reads of what
+        # this process sampled come from memory (the rules every round, the status page's panels);
+        # the table keeps every point and a previous run's history
+        store = CachedSampleStore(SqlSampleStore(metric_store, instances={source.instance}))
         events = SqlEvents(metric_store)
     else:
         store, events = MemorySampleStore(), MemoryEvents()

@@ -12,12 +12,14 @@ import contextlib
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from alerts.alert_series import AlertSeries
 from alerts.events import EventSink, MemoryEvents
 from alerts.manager import RuleManager
 from alerts.notifiers import Background, Notification
@@ -25,7 +27,7 @@ from alerts.promql import LOOKBACK_S
 from alerts.rules import load_rules
 from alerts.scheduler import get_scheduler
 from alerts.sources import MetricSource, Sampler
-from alerts.state import Transition
+from alerts.state import FIRING, PENDING, Transition
 from alerts.store import MemorySampleStore, SampleStore
 
 log = logging.getLogger(__name__)
@@ -39,6 +41,10 @@ class EvaluatorConfig:
     resend_interval_s: float = 60.0  # re-notify firing alerts this often (Prometheus: 1m)
     external_url: str = "http://127.0.0.1:8000"  # base of the alerts' generatorURL
     job: str = "fastllm"  # the `job` label of sampled series
+    # metrics sampled beside those the rules read (the status page's panels), and how long the
+    # store keeps them at least (seconds, real time); the rules alone keep ~1.5x their widest window
+    extra_names: frozenset[str] = frozenset()
+    min_retention_s: float = 0.0
 
     @classmethod
     def from_settings(cls, settings: Any) -> EvaluatorConfig:
@@ -71,19 +77,30 @@ class AlertEvaluator:
         self.clock = clock
         self.expr_of = {s.rule.name: s.rule.expr_text for s in self.manager.states}
         # keep what the widest window plus the lookback can still reach, with a margin
-        self.retention_s = (self.manager.max_window_s + LOOKBACK_S * config.time_scale) * 1.5
+        self.retention_s = max(
+            (self.manager.max_window_s + LOOKBACK_S * config.time_scale) * 1.5,
+            config.min_retention_s,
+        )
+        self.alert_series = AlertSeries()
+        # the newest round fully in the store: results at earlier times can no longer change
+        self.settled_ts: float | None = None
+        self.recent: deque[Transition] = deque(maxlen=256)  # newest transitions (status page)
         self._last_sent: float | None = None
         self._job_id: str | None = None
 
     def _names(self) -> set[str] | None:
         names = self.manager.metric_names
-        return None if names is None else names | {"up"}
+        return None if names is None else names | {"up"} | self.config.extra_names
 
     def tick(self, now: float | None = None) -> list[Transition]:
         """Sample, evaluate, record, notify; returns this round's transitions."""
         t = round(self.clock() if now is None else now, 3)
         self.sampler.sample(t)
         transitions = self.manager.evaluate(t)
+        # as Prometheus: the ALERTS series of this round, stamped with the evaluation time
+        self.store.append(t, self.alert_series.points(self.manager.alerts((PENDING, FIRING))))
+        self.settled_ts = t
+        self.recent.extend(transitions)
         if transitions:
             try:
                 self.events.record(transitions)

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 from grafanalib.core import Stat, StateTimeline, Table, Text
 
-from dashboards.common import GRAFANA, PROMETHEUS, make_dashboard, prom, variables
+from dashboards.common import GRAFANA, PROMETHEUS, make_dashboard, or_zero, prom, variables
 
 RULES_DIR = Path(__file__).resolve().parent.parent / "alerts" / "rules"
 # 2 = firing, 1 = pending (an alert that is firing is not also shown as pending)
@@ -55,7 +55,7 @@ def count(state: str, color: str) -> Stat:
         color={"mode": "thresholds"},
         title=f"{state.capitalize()} alerts",
         dataSource=PROMETHEUS,
-        targets=[prom(f'count(ALERTS{{alertstate="{state}"}})', instant=True)],
+        targets=[prom(or_zero(f'count(ALERTS{{alertstate="{state}"}})'), instant=True)],
         reduceCalc="lastNotNull",
         noValue="0",
         colorMode="background",

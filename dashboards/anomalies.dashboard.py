@@ -14,6 +14,7 @@ from dashboards.common import (
     PROMETHEUS,
     RATE,
     make_dashboard,
+    or_zero,
     prom,
     sql,
     variables,
@@ -95,7 +96,9 @@ dashboard = make_dashboard(
                         title="Anomalies in range (Prometheus)",
                         description="Verified results beyond the runtime's threshold.",
                         dataSource=PROMETHEUS,
-                        targets=[prom(f"sum(increase({ANOMALIES}[$__range]))", instant=True)],
+                        targets=[
+                            prom(or_zero(f"sum(increase({ANOMALIES}[$__range]))"), instant=True)
+                        ],
                         reduceCalc="lastNotNull",
                         noValue="0",
                         thresholds=[

@@ -114,12 +114,18 @@ def sql(raw_sql: str, ref: str = "A", *, table: bool = False) -> SqlTarget:
 
 
 def quantiles(histogram: str, selector: str = MODEL_SEL) -> list[Target]:
-    """p50 and p99 of a contract histogram over the selected series."""
+    """p50, p95 and p99 of a contract histogram over the selected series."""
     buckets = f"sum by (le) (rate({histogram}_bucket{{{selector}}}[{RATE}]))"
     return [
         prom(f"histogram_quantile(0.5, {buckets})", "p50", "A"),
-        prom(f"histogram_quantile(0.99, {buckets})", "p99", "B"),
+        prom(f"histogram_quantile(0.95, {buckets})", "p95", "B"),
+        prom(f"histogram_quantile(0.99, {buckets})", "p99", "C"),
     ]
+
+
+def or_zero(expr: str) -> str:
+    """A count that reads 0, not "No data", when nothing matches (in Grafana and on the page)."""
+    return f"{expr} or vector(0)"
 
 
 @attr.s

@@ -8,6 +8,7 @@ from dashboards.common import (
     PROMETHEUS,
     RATE,
     make_dashboard,
+    or_zero,
     prom,
     quantiles,
 )
@@ -16,18 +17,25 @@ SUCCESS = f"sum(rate(fastllm_request_success_total{{{MODEL_SEL}}}[{RATE}]))"
 FAILURE = f"sum(rate(fastllm_request_failure_total{{{MODEL_SEL}}}[{RATE}]))"
 
 
-def stat(title: str, expr: str, unit: str = "short", description: str = "") -> Stat:
+def stat(
+    title: str, expr: str, unit: str = "short", description: str = "", *, instant: bool = False
+) -> Stat:
     return Stat(
         color={"mode": "thresholds"},
         title=title,
         description=description,
         dataSource=PROMETHEUS,
-        targets=[prom(expr)],
+        targets=[prom(expr, instant=instant)],
         format=unit,
         reduceCalc="lastNotNull",
         noValue="0",
         thresholds=[{"color": "green", "value": None}],
     )
+
+
+def total(title: str, metric: str, description: str) -> Stat:
+    """A counter's current value summed over the selected series: the number /metrics shows."""
+    return stat(title, or_zero(f"sum({metric}{{{MODEL_SEL}}})"), "short", description, instant=True)
 
 
 def latency(title: str, histogram: str, description: str) -> TimeSeries:
@@ -74,6 +82,39 @@ dashboard = make_dashboard(
                         "Targets up",
                         f"sum(up{{{INSTANCE_SEL}}})",
                         description="Runtime instances Prometheus scrapes successfully.",
+                    ),
+                ),
+            ],
+        ),
+        (
+            3,
+            [
+                (
+                    6,
+                    total(
+                        "Requests succeeded",
+                        "fastllm_request_success_total",
+                        "Since the runtime started (counters restart with the process).",
+                    ),
+                ),
+                (
+                    6,
+                    total(
+                        "Requests failed",
+                        "fastllm_request_failure_total",
+                        "Validation errors, admission refusals, timeouts and internal errors.",
+                    ),
+                ),
+                (
+                    6,
+                    total(
+                        "Prompt tokens", "fastllm_prompt_tokens_total", "Prompt tokens processed."
+                    ),
+                ),
+                (
+                    6,
+                    total(
+                        "Generated tokens", "fastllm_generation_tokens_total", "Tokens generated."
                     ),
                 ),
             ],
@@ -137,7 +178,7 @@ dashboard = make_dashboard(
                 (
                     8,
                     latency(
-                        "Time to first token (p50 / p99)",
+                        "Time to first token (p50 / p95 / p99)",
                         "fastllm_time_to_first_token_seconds",
                         "Admission to first generated token: queueing plus prefill.",
                     ),
@@ -145,7 +186,7 @@ dashboard = make_dashboard(
                 (
                     8,
                     latency(
-                        "Time per output token (p50 / p99)",
+                        "Time per output token (p50 / p95 / p99)",
                         "fastllm_time_per_output_token_seconds",
                         "Mean decode time per token after the first: what streaming users feel.",
                     ),
@@ -153,7 +194,7 @@ dashboard = make_dashboard(
                 (
                     8,
                     latency(
-                        "End-to-end latency (p50 / p99)",
+                        "End-to-end latency (p50 / p95 / p99)",
                         "fastllm_e2e_request_latency_seconds",
                         "Admission to the end of the request.",
                     ),

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from alerts.promql import ast
+from alerts.promql.histogram import histogram_quantile
 from alerts.promql.types import METRIC_NAME, Labels, Sample, Series, Vector, drop_name
 
 # name -> (argument types, result type)
@@ -30,6 +31,7 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], str]] = {
     "time": ((), "scalar"),
     "vector": (("scalar",), "vector"),
     "scalar": (("vector",), "scalar"),
+    "histogram_quantile": (("scalar", "vector"), "vector"),
 }
 
 
@@ -69,8 +71,11 @@ def _extrapolated(points: Points, ctx: CallContext, *, is_counter: bool, is_rate
     interval = sampled
     interval += to_start if to_start < threshold else average_step / 2
     interval += to_end if to_end < threshold else average_step / 2
-    result *= interval / sampled
-    return result / matrix.range_s if is_rate else result
+    # one factor, as Prometheus computes it (its rounding, bit for bit: promtool compares exactly)
+    factor = interval / sampled
+    if is_rate:
+        factor /= matrix.range_s
+    return result * factor
 
 
 def _regression(points: Points, intercept_t: float) -> tuple[float, float]:
@@ -172,6 +177,8 @@ def call(name: str, args: list[Any], ctx: CallContext) -> float | Vector:
         return [Sample((), float(args[0]))]
     if name == "scalar":
         return args[0][0].value if len(args[0]) == 1 else math.nan
+    if name == "histogram_quantile":
+        return histogram_quantile(float(args[0]), args[1])
     raise AssertionError(f"unhandled function {name}")  # the parser rejects unknown names
 
 

@@ -60,10 +60,9 @@ def command(
     preflight(settings)  # a setting that cannot work: one line and exit 2, not a traceback
     configure_logging(log_level)
     app = create_app(settings)
-    click.echo(
-        f"serving {settings.served_model_name} on http://{settings.host}:{settings.port}/v1",
-        err=True,
-    )
+    base = f"http://{settings.host}:{settings.port}"
+    click.echo(f"serving {settings.served_model_name} on {base}/v1", err=True)
+    click.echo(f"status page: {base}/  (metrics: {base}/metrics)", err=True)
     rc = run_server(
         app,
         host=settings.host,

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from runtime.engine.batching.controller import BatchPolicyConfig
     from runtime.engine.embed import EmbeddingResult
     from runtime.engine.request import GenerationRequest, RequestHandle
     from runtime.engine.sequence import Sequence
@@ -62,6 +63,8 @@ class EngineClient(Protocol):
     def set_batch_policy(self, min_util: float, max_util: float, step_size: float) -> None: ...
     @property
     def batch_size_limit(self) -> int: ...
+    @property
+    def batch_policy(self) -> BatchPolicyConfig: ...
     @property
     def num_running(self) -> int: ...
     @property

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from runtime.engine.batching.controller import (
     AdaptiveBatchController,
+    BatchPolicyConfig,
     BusyTracker,
     make_utilization_source,
 )
@@ -247,6 +248,11 @@ class Engine:
     @property
     def batch_size_limit(self) -> int:
         return self._parts.controller.limit
+
+    @property
+    def batch_policy(self) -> BatchPolicyConfig:
+        """The controller's band and steps now (set_batch_policy changes them at run time)."""
+        return self._parts.controller.config
 
     def allocator_stats(self) -> AllocatorStats:
         return self._parts.allocator.stats()

@@ -12,6 +12,9 @@ generate.py       submit / join / usage helpers shared by the generation routes
 streaming.py      server-sent events; a disconnect cancels the request
 routes/health.py  /health, /ready, /metrics
 routes/admin.py   /admin/batch-policy, /admin/memory
+routes/status.py  the status page at / and its read-only data: /status/api/*, /api/v1/query(_range)
+status_*.py       its panel catalogue (the dashboards' PromQL), query API, facts and access rule
+static/           the page's HTML, scripts and stylesheet (package data, no build step)
 lifecycle.py      graceful drain on SIGTERM, run_server()
 """
 

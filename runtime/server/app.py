@@ -25,6 +25,7 @@ from runtime.server.errors import install_error_handlers
 from runtime.server.guard import Guard
 from runtime.server.rollout_wiring import attach_rollout, attach_rollout_sync
 from runtime.server.routes import admin, health, legacy, openai, rollout
+from runtime.server.routes.status import attach_status_page
 from runtime.server.state import ServerState
 
 log = logging.getLogger("fastllm.server")
@@ -53,6 +54,7 @@ def create_app(settings: Settings | None = None, *, state: ServerState | None = 
             legacy.router, dependencies=api_key_dependencies(state.settings.api_keys)
         )
     app.include_router(health.router)
+    attach_status_page(app, state)  # GET / and its read-only query API
     app.add_middleware(Guard, state=state)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

@@ -40,6 +40,7 @@ class ServerState:
     is_loading: bool = False
     monitoring: Any = None  # monitoring.wiring.Monitoring when telemetry is wired
     writer: Any = None  # storage.writer.InferenceLogWriter when storage is wired
+    alerts: Any = None  # alerts.evaluator.AlertEvaluator when the embedded evaluator runs
     engines_stopped: bool = False
 
     @property

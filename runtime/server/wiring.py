@@ -182,9 +182,20 @@ def attach_alerts(state: ServerState) -> None:
         # races the writer's drain thread (which still retries when the database is down)
         state.on_start.insert(0, _migrate_quietly(state.writer.engine))
     source = RegistrySource(state.registry, instance=f"{settings.host}:{settings.port}")
-    evaluator = build_evaluator(settings, source, metric_store=metric_store)
+    # the status page's panels read the same store: sample their metrics too, and keep them
+    # for its window (runtime.server.status_page)
+    from runtime.server.status_page import page_metric_names, page_retention_s
+
+    evaluator = build_evaluator(
+        settings,
+        source,
+        metric_store=metric_store,
+        extra_names=page_metric_names(),
+        min_retention_s=page_retention_s(settings.alerts_time_scale),
+    )
     state.on_start.append(evaluator.start)
     state.on_stop.append(evaluator.stop)
+    state.alerts = evaluator
 
 
 def _migrate_quietly(engine: Any) -> Callable[[], None]:

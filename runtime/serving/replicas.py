@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from runtime.engine.batching.controller import BatchPolicyConfig
 from runtime.engine.engine import EmbeddingResult, Engine, EngineConfig
 from runtime.engine.reasons import FailureReason, FinishReason
 from runtime.engine.request import (
@@ -271,6 +272,10 @@ class ReplicaSet:
     @property
     def batch_size_limit(self) -> int:
         return sum(engine.batch_size_limit for engine in self.replicas)
+
+    @property
+    def batch_policy(self) -> BatchPolicyConfig:
+        return self.replicas[0].batch_policy  # set_batch_policy sets every replica alike
 
     def _per_device(self) -> list[Engine]:
         """One replica per device: replicas on one device share its allocator."""

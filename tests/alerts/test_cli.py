@@ -33,7 +33,7 @@ def test_check_accepts_the_shipped_rules(capsys) -> None:
     ("expr", "message"),
     [
         ("rate(x[5m:1m]) > 0", "subqueries are not supported"),
-        ("histogram_quantile(0.9, x) > 1", "not supported"),
+        ("quantile_over_time(0.9, x[5m]) > 1", "not supported"),
         ("x > on(a) group_left y", "group_left"),
         ("sum(rate(x[5m]) > 0", "expected )"),
     ],

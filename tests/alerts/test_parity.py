@@ -13,6 +13,8 @@ from alerts.rules import load_rules
 from tests.alerts.promtool_replay import expand_values, replay_exprs, replay_file
 
 TEST_FILES = sorted((Path(__file__).parents[2] / "alerts" / "tests").glob("*.yml"))
+# files with alert expectations (functions.test.yml holds expression tests only)
+ALERT_TEST_FILES = [p for p in TEST_FILES if "alert_rule_test:" in p.read_text()]
 
 
 def _canonical(alerts: list[tuple[dict[str, str], dict[str, str]]]) -> list[str]:
@@ -25,7 +27,7 @@ def test_there_are_test_files_for_every_rule() -> None:
         assert f"alertname: {rule.name}" in text, rule.name
 
 
-@pytest.mark.parametrize("path", TEST_FILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", ALERT_TEST_FILES, ids=lambda p: p.name)
 @pytest.mark.parametrize("time_scale", [1.0, 0.25])
 def test_embedded_evaluator_matches_promtool_expectations(path: Path, time_scale: float) -> None:
     # time_scale 0.25 shrinks every `for:`, range and offset, and the replay's clock with them:
@@ -46,6 +48,14 @@ def test_expression_results_match(path: Path) -> None:
         assert sorted(lb for lb, _ in check.actual) == sorted(lb for lb, _ in check.expected)
         for (_, got), (_, want) in zip(sorted(check.actual), sorted(check.expected), strict=True):
             assert math.isclose(got, want, rel_tol=1e-12), check.expr
+
+
+def test_functions_file_matches_promtool_exactly() -> None:
+    # promtool 2.42 compares exactly; so does this, for the functions the status page uses
+    checks = replay_exprs(TEST_FILES[0].parent / "functions.test.yml")
+    assert any("histogram_quantile" in c.expr for c in checks)
+    for check in checks:
+        assert sorted(check.actual) == sorted(check.expected), check.expr
 
 
 def test_series_notation() -> None:
