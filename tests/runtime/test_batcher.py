@@ -59,6 +59,31 @@ def test_shrinks_10_percent_above_band_and_at_least_one() -> None:
     assert [ctl2.update(float(t)) for t in range(3)] == [3, 2, 1]
 
 
+# Every step of the law from the default bounds, worked by hand: shrink is round-half-up of
+# limit * 0.9 (64 -> 57.6 -> 58, 25 -> 22.5 -> 23, 15 -> 13.5 -> 14), at least one less; grow is
+# round-half-up of limit * 1.2, at least one more. Rounding down, to even, or a different step
+# shows up as a different sequence.
+SHRINK_FROM_64 = [58, 52, 47, 42, 38, 34, 31, 28, 25, 23, 21, 19, 17, 15, 14, 13, 12, 11, 10, 9]
+SHRINK_FROM_64 += [8, 7, 6, 5, 4, 3, 2, 1]
+GROW_FROM_1 = [2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 17, 20, 24, 29, 35, 42, 50, 60, 64]
+
+
+def test_shrink_steps_round_to_nearest_from_the_top_to_the_floor() -> None:
+    ctl, _ = controller(initial=64, value=1.0, max_batch=64)
+    limits = [ctl.update(float(t)) for t in range(len(SHRINK_FROM_64) + 1)]
+    assert limits == [*SHRINK_FROM_64, 1]
+    actions = [d.action for d in ctl.stats().recent]
+    assert actions == ["shrink"] * len(SHRINK_FROM_64) + ["bound"]
+
+
+def test_grow_steps_round_to_nearest_from_the_floor_to_the_top() -> None:
+    ctl, _ = controller(initial=1, value=0.0, max_batch=64)
+    limits = [ctl.update(float(t)) for t in range(len(GROW_FROM_1) + 1)]
+    assert limits == [*GROW_FROM_1, 64]
+    actions = [d.action for d in ctl.stats().recent]
+    assert actions == ["grow"] * len(GROW_FROM_1) + ["bound"]
+
+
 @pytest.mark.parametrize("util", [0.6, 0.7, 0.8, None])
 def test_holds_inside_band_edges_included_and_without_data(util: float | None) -> None:
     ctl, _ = controller(initial=20, value=util)
