@@ -4,9 +4,9 @@ A mechanism's `files` are the only files mutmut changes; `tests` is the pytest s
 against each mutant (mutmut narrows it further, per mutated function, to the tests that call it).
 `equivalent` names the surviving mutants that no test can kill because they do not change
 behaviour, each with the reason; docs/testing.md lists the same. Mutant names are mutmut's
-(`module.x_function__mutmut_N`, `module.xǁClassǁmethod__mutmut_N`); a change to a function renumbers its
-mutants, so after an edit an old entry can stop matching: the run then reports the survivor as
-new and a person decides again.
+(`module.x_function__mutmut_N`, `module.xǁClassǁmethod__mutmut_N`); a change to a function
+renumbers its mutants, so after an edit an old entry can stop matching: the run then reports the
+survivor as new and a person decides again.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ MECHANISMS: tuple[Mechanism, ...] = (
         ),
         tests=(
             "tests/runtime/test_verify.py",
-            "tests/storage/test_anomaly_audit.py",
+            "tests/storage/test_audit.py::test_default_thresholds_loosen_with_lower_precision",
             "tests/runtime/server/test_thresholds.py",
         ),
     ),

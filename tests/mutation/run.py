@@ -28,8 +28,10 @@ from tests.mutation.mechanisms import MECHANISMS, MIN_KILLED_RATIO, PACKAGES, Me
 
 ROOT = Path(__file__).resolve().parents[2]
 WORK = ROOT / "build" / "mutation"
-# mutmut's exit codes (mutmut.stats.status_by_exit_code): 1 and 3 are kills, 0 a survivor
-KILLED, SURVIVED = {1, 3}, {0}
+# mutmut's exit codes (mutmut.stats.status_by_exit_code): 1 and 3 are kills, 0 a survivor; a
+# mutant that hangs the tests past mutmut's CPU limit (36, SIGXCPU) is detected too: counted as
+# killed, and shown apart
+KILLED, TIMEOUT, SURVIVED = {1, 3}, {36, -24, 24, 152, 255}, {0}
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,11 @@ class Outcome:
 
     @property
     def killed(self) -> list[str]:
-        return sorted(k for k, v in self.statuses.items() if v in KILLED)
+        return sorted(k for k, v in self.statuses.items() if v in KILLED | TIMEOUT)
+
+    @property
+    def timed_out(self) -> list[str]:
+        return sorted(k for k, v in self.statuses.items() if v in TIMEOUT)
 
     @property
     def survived(self) -> list[str]:
@@ -48,7 +54,7 @@ class Outcome:
     @property
     def other(self) -> Counter[int | None]:
         """Timeouts, 'no tests' and the like: neither killed nor a plain survivor."""
-        return Counter(v for v in self.statuses.values() if v not in KILLED | SURVIVED)
+        return Counter(v for v in self.statuses.values() if v not in KILLED | TIMEOUT | SURVIVED)
 
     @property
     def killed_ratio(self) -> float:
@@ -90,14 +96,20 @@ def prepare(mechanism: Mechanism) -> Path:
     return work
 
 
+def module_glob(path: str) -> str:
+    return path.removesuffix(".py").replace("/", ".") + ".*"
+
+
 def run_mutmut(mechanism: Mechanism, work: Path, children: int) -> None:
     command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(children)]
-    command += list(mechanism.only)
+    # naming the mutants makes mutmut test every one again (else it keeps earlier verdicts of
+    # unchanged functions, which a test change can invalidate)
+    command += list(mechanism.only or [module_glob(path) for path in mechanism.files])
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     log = work / "mutmut.log"
     print(f"== {mechanism.name}: {' '.join(command[1:])}  (in {work}, output in {log})", flush=True)
     with log.open("w") as out:  # mutmut's progress spinner: thousands of lines
-        subprocess.run(command, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, check=False)
+        subprocess.run(command, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
 def read_statuses(mechanism: Mechanism, work: Path) -> dict[str, int | None]:
@@ -132,9 +144,10 @@ def summary_line(o: Outcome) -> str:
     num_equivalent = len(o.survived) - len(o.unexplained)
     other = ", ".join(f"{n} exit {code}" for code, n in sorted(o.other.items(), key=str)) or "0"
     return (
-        f"{o.mechanism.name:<13} generated {len(o.statuses):>4}  killed {len(o.killed):>4}  "
-        f"survived {len(o.survived):>3} (equivalent {num_equivalent}, other {len(o.unexplained)})"
-        f"  other outcomes {other}  killed {o.killed_ratio:.1%}"
+        f"{o.mechanism.name:<13} generated {len(o.statuses):>4}  killed {len(o.killed):>4} "
+        f"(of which timeouts {len(o.timed_out)})  survived {len(o.survived):>3} "
+        f"(equivalent {num_equivalent}, not {len(o.unexplained)})  other outcomes {other}  "
+        f"killed {o.killed_ratio:.1%}"
     )
 
 

@@ -25,7 +25,9 @@ def test_default_threshold_follows_the_serving_dtype(dtype: str, expected: float
 
 @pytest.mark.parametrize(("dtype", "_default"), PER_DTYPE)
 @pytest.mark.parametrize("override", [0.25, 0.0])  # 0.0 is a setting, not "unset"
-def test_verify_threshold_overrides_every_dtype(dtype: str, _default: float, override: float) -> None:
+def test_verify_threshold_overrides_every_dtype(
+    dtype: str, _default: float, override: float
+) -> None:
     assert anomaly_threshold(light_settings(dtype=dtype, verify_threshold=override)) == override
 
 
