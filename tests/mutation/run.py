@@ -31,6 +31,7 @@ WORK = ROOT / "build" / "mutation"
 # mutmut's exit codes (mutmut.stats.status_by_exit_code): 1 and 3 are kills, 0 a survivor; a
 # mutant that hangs the tests past mutmut's CPU limit (36, SIGXCPU) is detected too: counted as
 # killed, and shown apart
+NOT_MUTATED = (r"\blog\.(debug|info|warning|error|exception)\(",)
 KILLED, TIMEOUT, SURVIVED = {1, 3}, {36, -24, 24, 152, 255}, {0}
 
 
@@ -78,6 +79,8 @@ def mutmut_config(mechanism: Mechanism, children_tests: tuple[str, ...]) -> str:
             f"pytest_add_cli_args_test_selection = {toml_list(children_tests)}",
             # torch and the drain/verify threads are not fork-safe from a process that ran tests
             'process_isolation = "forkserver"',
+            # log calls say things to people; no test reads them, so they are not mutated
+            f"do_not_mutate_patterns = {toml_list(list(NOT_MUTATED))}",
             "use_git_change_detection = false",
             "",
         ]
