@@ -18,6 +18,7 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 from storage.store import MetricStore
@@ -38,14 +39,21 @@ KV_CACHE_BYTES = 16 << 20
 UTILIZATION_ALERTS = {"FastllmDeviceUtilizationLow", "FastllmDeviceUtilizationHigh"}
 
 
-def evaluated(store: MetricStore) -> tuple[float, int]:
-    """(seconds covered, rounds) of the evaluator's samples of the allocator's memory."""
-    samples = [
-        s for s in store.samples("fastllm_memory_usage") if s.labels.get("type") == "allocator"
-    ]
-    if not samples:
-        return 0.0, 0
-    return (samples[-1].ts - samples[0].ts).total_seconds(), len(samples)
+class Rounds:
+    """The evaluator's sampling rounds seen so far (the store prunes old samples, so they are
+    collected while the run goes): distinct timestamps of the allocator's memory samples."""
+
+    def __init__(self, store: MetricStore) -> None:
+        self.store = store
+        self.seen: set[datetime] = set()
+
+    def poll(self) -> tuple[float, int]:
+        """(seconds of evaluator time covered, rounds) after reading the store again."""
+        samples = self.store.samples("fastllm_memory_usage")
+        self.seen |= {s.ts for s in samples if s.labels.get("type") == "allocator"}
+        if not self.seen:
+            return 0.0, 0
+        return (max(self.seen) - min(self.seen)).total_seconds(), len(self.seen)
 
 
 def run(model_dir: Path, db: Path, webhook_url: str, *, leak: int, until_fired: bool) -> int:
@@ -70,11 +78,12 @@ def run(model_dir: Path, db: Path, webhook_url: str, *, leak: int, until_fired: 
         load = SteadyLoad(server.url, num_clients=2).start()
         store = MetricStore(f"sqlite:///{db}")
         deadline = time.monotonic() + TIMEOUT_S
+        rounds_seen = Rounds(store)
         try:
             while True:
                 if until_fired and store.alert_events(alertname=ALERT, state="firing"):
                     break
-                covered_s, rounds = evaluated(store)
+                covered_s, rounds = rounds_seen.poll()
                 if not until_fired and covered_s >= COVER_S and rounds >= MIN_ROUNDS:
                     break
                 assert time.monotonic() < deadline, (
