@@ -65,7 +65,11 @@ MECHANISMS: tuple[Mechanism, ...] = (
     Mechanism(
         "alerts",
         files=("alerts/state.py",),
-        tests=("tests/alerts/test_evaluator.py", "tests/alerts/test_parity.py"),
+        tests=(
+            "tests/alerts/test_state.py",
+            "tests/alerts/test_evaluator.py",
+            "tests/alerts/test_parity.py",
+        ),
     ),
 )
 
