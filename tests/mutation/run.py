@@ -82,6 +82,9 @@ def mutmut_config(mechanism: Mechanism, children_tests: tuple[str, ...]) -> str:
             # log calls say things to people; no test reads them, so they are not mutated
             f"do_not_mutate_patterns = {toml_list(list(NOT_MUTATED))}",
             "use_git_change_detection = false",
+            # a mutant that hangs is stopped after 3x its tests' CPU time (mutmut's default 15x
+            # makes every hanging mutant of the model-backed tests cost minutes)
+            "timeout_multiplier = 3.0",
             "",
         ]
     )
