@@ -6,7 +6,7 @@ DEMO ?= demo-models/llama-tiny
 # CPU torch pinned on this install path; GPU users install their CUDA build of torch first.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup setup-test run demo-model test lint typecheck bench dashboards k8s clean
+.PHONY: setup setup-test run demo-model test lint typecheck bench dashboards k8s mutate clean
 
 $(BIN)/fastllm: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -44,6 +44,12 @@ lint: setup-test
 BENCHES ?= allocator generate serving http telemetry storage soak
 bench: setup-test
 	@for b in $(BENCHES); do echo "== bench.$$b"; $(BIN)/python -m bench.$$b --quick || exit 1; done
+
+# mutation testing of the mechanisms that carry the product's promises (docs/testing.md); not CI:
+# minutes per mechanism on one worker. `make mutate MECHANISMS="batcher alerts"` runs some.
+MECHANISMS ?=
+mutate: setup-test
+	$(BIN)/python -m tests.mutation.run $(MECHANISMS)
 
 dashboards: setup
 	$(BIN)/fastllm dashboards build

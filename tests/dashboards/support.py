@@ -7,6 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from psycopg.conninfo import make_conninfo
 from sqlalchemy import make_url
 
 from tests.conftest import require_binary
@@ -33,7 +34,11 @@ def run_init_script(url: str, password: str = TEST_PASSWORD) -> subprocess.Compl
     )
 
 
-def dsn(url: str, user: str) -> str:
-    """libpq DSN for `user` on the database of a SQLAlchemy URL (test clusters trust loopback)."""
+def dsn(url: str, user: str, password: str | None = None) -> str:
+    """libpq DSN for `user` on the database of a SQLAlchemy URL. The test cluster trusts loopback
+    except for grafana_ro, which logs in with its password as in compose (PASSWORD_ROLES)."""
     parts = make_url(url)
-    return f"host={parts.host} port={parts.port} user={user} dbname={parts.database}"
+    fields = {"host": parts.host, "port": parts.port, "user": user, "dbname": parts.database}
+    if password is not None:
+        fields["password"] = password
+    return make_conninfo(**fields)  # quotes the password (quotes, spaces, backslashes)

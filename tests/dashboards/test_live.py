@@ -35,7 +35,7 @@ from runtime.config import Settings
 from runtime.models import ops
 from runtime.server.wiring import build_state
 from storage import make_engine, run_audit
-from tests.dashboards.support import ROOT, dsn, run_init_script
+from tests.dashboards.support import ROOT, TEST_PASSWORD, dsn, run_init_script
 from tests.fixtures.pgcluster import PostgresCluster
 from tests.fixtures.prometheus import PromHandle, start_prometheus
 from tests.runtime.server.live import LiveServer
@@ -221,7 +221,8 @@ def test_every_sql_panel_returns_rows_as_the_read_only_role(stack: Stack) -> Non
     values = {"model": MODEL, "version": "stable", "threshold": threshold}
     end = datetime.now(timezone.utc) + timedelta(minutes=1)
     results: dict[str, list[tuple[Any, ...]]] = {}
-    with psycopg.connect(dsn(stack.database_url, "grafana_ro"), autocommit=True) as conn:
+    ro = dsn(stack.database_url, "grafana_ro", TEST_PASSWORD)
+    with psycopg.connect(ro, autocommit=True) as conn:
         served = conn.execute("SELECT COUNT(*) FROM inference_log WHERE op IS NULL").fetchone()
         assert served is not None and served[0] > 0  # rows the runtime wrote for its requests
         for query in (q for q in all_queries() if q.kind == SQL):

@@ -61,7 +61,13 @@ def test_read_only_role_reads_tables_created_later_and_cannot_write(postgres_url
             "SELECT rolsuper, rolcreaterole, rolcreatedb FROM pg_roles WHERE rolname = 'grafana_ro'"
         )
         assert c.execute(flags).fetchone() == (False, False, False)
-    with psycopg.connect(dsn(postgres_url, "grafana_ro"), autocommit=True) as conn:
+    # the role logs in with the password the script set (password auth, as Grafana does) ...
+    for wrong in (None, "not the password", TEST_PASSWORD + " "):
+        with pytest.raises(psycopg.OperationalError, match="password"):
+            psycopg.connect(dsn(postgres_url, "grafana_ro", wrong)).close()
+    ro = dsn(postgres_url, "grafana_ro", TEST_PASSWORD)
+    with psycopg.connect(ro, autocommit=True) as conn:
+        assert conn.execute("SELECT current_user").fetchone() == ("grafana_ro",)
         assert conn.execute("SELECT COUNT(*) FROM inference_log").fetchone() == (0,)
         with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
             conn.execute(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 from storage.store import MetricStore
@@ -26,21 +27,45 @@ from tests.integration.support import SteadyLoad, live_runtime, runtime_settings
 
 ALERT = "FastllmMemoryGrowth"
 TIME_SCALE = 0.005  # 30m windows -> 9 s, for: 10m -> 3 s, horizon 24h -> 432 s
-OBSERVE_S = 24.0  # > 30m * scale (9 s) + for (3 s), with room for a slow shared CI box
+INTERVAL_S = 0.25
+# The quiet run must show the evaluator a whole rule window (30m range + 10m for = 12 s) twice
+# over, measured on the evaluator's own samples (not on the wall clock: a saturated shared CPU
+# stretches ticks), with at least this many evaluation rounds in it.
+COVER_S = 2 * (30 + 10) * 60 * TIME_SCALE
+MIN_ROUNDS = 24
+TIMEOUT_S = 120.0  # a failure bound only: reaching it fails the test
 LEAK_BLOCKS = 64
 KV_CACHE_BYTES = 16 << 20
 UTILIZATION_ALERTS = {"FastllmDeviceUtilizationLow", "FastllmDeviceUtilizationHigh"}
 
 
+class Rounds:
+    """The evaluator's sampling rounds seen so far (the store prunes old samples, so they are
+    collected while the run goes): distinct timestamps of the allocator's memory samples."""
+
+    def __init__(self, store: MetricStore) -> None:
+        self.store = store
+        self.seen: set[datetime] = set()
+
+    def poll(self) -> tuple[float, int]:
+        """(seconds of evaluator time covered, rounds) after reading the store again."""
+        samples = self.store.samples("fastllm_memory_usage")
+        self.seen |= {s.ts for s in samples if s.labels.get("type") == "allocator"}
+        if not self.seen:
+            return 0.0, 0
+        return (max(self.seen) - min(self.seen)).total_seconds(), len(self.seen)
+
+
 def run(model_dir: Path, db: Path, webhook_url: str, *, leak: int, until_fired: bool) -> int:
-    """Serve a steady load for up to OBSERVE_S (less when `until_fired` and the alert fired);
-    returns how many requests succeeded."""
+    """Serve a steady load until the alert fired (`until_fired`) or, else, until the evaluator
+    has covered COVER_S in MIN_ROUNDS rounds or more; fails at TIMEOUT_S. Returns how many
+    requests succeeded."""
     settings = runtime_settings(
         model_dir,
         storage_enabled=True,
         database_url=f"sqlite:///{db}",
         alerts_enabled=True,
-        alerts_interval_s=0.25,
+        alerts_interval_s=INTERVAL_S,
         alerts_time_scale=TIME_SCALE,
         alerts_webhook_url=webhook_url,
         kv_cache_bytes=KV_CACHE_BYTES,
@@ -52,11 +77,19 @@ def run(model_dir: Path, db: Path, webhook_url: str, *, leak: int, until_fired: 
         baseline = engine.allocator_stats().bytes_in_use
         load = SteadyLoad(server.url, num_clients=2).start()
         store = MetricStore(f"sqlite:///{db}")
-        deadline = time.monotonic() + OBSERVE_S
+        deadline = time.monotonic() + TIMEOUT_S
+        rounds_seen = Rounds(store)
         try:
-            while time.monotonic() < deadline:
+            while True:
                 if until_fired and store.alert_events(alertname=ALERT, state="firing"):
                     break
+                covered_s, rounds = rounds_seen.poll()
+                if not until_fired and covered_s >= COVER_S and rounds >= MIN_ROUNDS:
+                    break
+                assert time.monotonic() < deadline, (
+                    f"after {TIMEOUT_S}s ({'not fired' if until_fired else 'quiet run'}): the "
+                    f"evaluator covered {covered_s:.1f}s in {rounds} rounds"
+                )
                 time.sleep(0.25)
         finally:
             load.stop()
@@ -97,6 +130,7 @@ def test_memory_growth_fires_with_a_leak(
     assert alert.annotations["runbook_url"].endswith("docs/runbooks.md#fastllmmemorygrowth")
     assert alert.fingerprint == events[-1].fingerprint
     assert all(p.version == "4" for p in payloads)
+    assert not webhook_receiver.errors, webhook_receiver.errors
 
 
 def test_memory_growth_stays_quiet_without_a_leak(
@@ -109,6 +143,7 @@ def test_memory_growth_stays_quiet_without_a_leak(
     assert store.alert_events(alertname=ALERT) == []
     # the evaluator did run: it sampled the allocator's memory all along
     assert len(store.samples("fastllm_memory_usage", labels=None)) > 0
+    assert not webhook_receiver.errors, webhook_receiver.errors  # every body parsed
     notified = [a.labels["alertname"] for p in webhook_receiver.payloads for a in p.alerts]
     assert ALERT not in notified
     # Nothing else fires either, except the utilization band: at this scale its `for: 5m` is

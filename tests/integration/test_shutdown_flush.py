@@ -9,14 +9,13 @@ import json
 import os
 import signal
 import sqlite3
-import subprocess
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 
-from tests.fixtures.ready import fastllm_command, free_port, wait_ready
+from tests.fixtures.ready import fastllm_command, start_on_free_port
 
 NUM_REQUESTS = 8
 
@@ -36,7 +35,6 @@ def _complete(url: str, k: int) -> str:
 
 def test_sigterm_flushes_every_row(demo_model_dir: Callable[[str], Path], tmp_path: Path) -> None:
     db = tmp_path / "fastllm.db"
-    port = free_port()
     env = dict(os.environ)
     env.update(
         FASTLLM_DATABASE_URL=f"sqlite:///{db}",
@@ -45,20 +43,15 @@ def test_sigterm_flushes_every_row(demo_model_dir: Callable[[str], Path], tmp_pa
         FASTLLM_MODEL_NAME="llama",
         FASTLLM_DRAIN_GRACE_S="10",
     )
-    command = [
-        *fastllm_command(),
-        "serve",
-        "--model",
-        str(demo_model_dir("llama")),
-        "--port",
-        str(port),
-    ]
+    model = str(demo_model_dir("llama"))
     log_path = tmp_path / "serve.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    process, port = start_on_free_port(
+        lambda port: [*fastllm_command(), "serve", "--model", model, "--port", str(port)],
+        log_path,
+        env=env,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
-        assert wait_ready(f"{url}/ready", process, 120.0), "fastllm serve did not become ready"
         with ThreadPoolExecutor(4) as pool:
             ids = list(pool.map(lambda k: _complete(url, k), range(NUM_REQUESTS)))
         process.send_signal(signal.SIGTERM)  # at once: the writer may still hold queued rows

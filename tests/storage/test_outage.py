@@ -4,6 +4,7 @@ stored, or counted as dropped when the queue overflowed; nothing else is lost or
 
 from __future__ import annotations
 
+import threading
 import time
 
 from sqlalchemy import select
@@ -96,4 +97,42 @@ def test_close_gives_up_at_its_deadline_and_counts_the_rest(
     writer.record(finished=[request_stats(i) for i in range(10)])
     assert writer.close(timeout=1.0) is False
     assert writer.num_dropped == 10 and writer.num_written == 0
+    engine.dispose()
+
+
+def test_database_back_during_close_gets_every_row(
+    postgres_cluster: PostgresCluster, postgres_url: str
+) -> None:
+    """A long outage (many more retries than a few attempts) that ends while close() waits: close
+    keeps retrying until its deadline, so the server coming back inside it means nothing is lost."""
+    engine = make_engine(postgres_url)
+    upgrade(engine)
+    writer = InferenceLogWriter(engine, batch_size=4, max_backoff_s=0.2, migrate=False)
+    postgres_cluster.stop()
+    writer.record(finished=[request_stats(i) for i in range(10)])
+    wait_for_retries(writer, 12)  # well past any small attempt cap, and nothing given up
+    assert writer.num_dropped == 0 and writer.num_written == 0
+
+    closing = threading.Event()
+
+    def restart_once_close_is_retrying() -> None:
+        # a few more failed attempts after close() began prove the drain thread kept retrying
+        # inside close before the server came back (a writer that gave up stops retrying: then
+        # the server comes back after 10 s anyway, and close has already returned False)
+        closing.wait(30)
+        target, deadline = writer.num_retries + 3, time.monotonic() + 10
+        while writer.num_retries < target and time.monotonic() < deadline:
+            time.sleep(0.05)
+        postgres_cluster.start()
+
+    restarter = threading.Thread(target=restart_once_close_is_retrying)
+    restarter.start()
+    try:
+        closing.set()
+        assert writer.close(timeout=60) is True
+    finally:
+        closing.set()
+        restarter.join(60)
+    assert writer.num_dropped == 0 and writer.num_written == 10
+    assert sorted(stored_ids(postgres_url)) == sorted(f"req-{i}" for i in range(10))
     engine.dispose()

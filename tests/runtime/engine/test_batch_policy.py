@@ -27,22 +27,42 @@ def controller(initial: int = 10, value: float | None = None, **kw: object):
 
 
 @pytest.mark.parametrize(
-    "kw",
+    ("kw", "param", "message"),
     [
-        {"min_util": 0.8, "max_util": 0.8},
-        {"min_util": -0.1},
-        {"max_util": 1.5},
-        {"step_up": 0.0},
-        {"step_down": 1.2},
-        {"min_batch": 0},
-        {"initial": 100},
-        {"min_batch": 20, "initial": 16},
-        {"interval_s": 0.0},
+        ({"min_util": 0.8, "max_util": 0.8}, "min_util", "need 0 <= min_util < max_util <= 1"),
+        ({"min_util": -0.1}, "min_util", "got -0.1, 0.8"),
+        ({"max_util": 1.5}, "min_util", "got 0.6, 1.5"),
+        ({"step_up": 0.0}, "step_up", "step_up must be in (0, 1], got 0.0"),
+        ({"step_down": 1.2}, "step_down", "step_down must be in (0, 1], got 1.2"),
+        ({"min_batch": 0}, "initial", "need 1 <= min_batch <= initial <= max_batch, got 0, 16"),
+        ({"initial": 100}, "initial", "got 1, 100, 64"),
+        ({"min_batch": 20, "initial": 16}, "initial", "got 20, 16, 64"),
+        ({"interval_s": 0.0}, "interval_s", "interval_s must be > 0, got 0.0"),
     ],
 )
-def test_config_rejects_bad_values(kw: dict[str, float]) -> None:
-    with pytest.raises(ConfigError):
+def test_config_rejects_bad_values_naming_the_setting(
+    kw: dict[str, float], param: str, message: str
+) -> None:
+    with pytest.raises(ConfigError) as exc:
         BatchPolicyConfig(**kw)  # type: ignore[arg-type]
+    assert exc.value.param == param
+    assert message in exc.value.message
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"min_util": 0.0},  # the band's edges are allowed
+        {"max_util": 1.0},
+        {"step_up": 1.0, "step_down": 1.0},  # a step of 100% is allowed
+        {"min_batch": 16, "initial": 16, "max_batch": 16},
+    ],
+)
+def test_config_accepts_the_edges(kw: dict[str, float]) -> None:
+    BatchPolicyConfig(**kw)  # type: ignore[arg-type]
+    AdaptiveBatchController(BatchPolicyConfig()).set_batch_policy(
+        kw.get("min_util", 0.6), kw.get("max_util", 0.8), kw.get("step_up", 0.1)
+    )
 
 
 def test_grows_20_percent_below_band_and_at_least_one() -> None:
@@ -57,6 +77,31 @@ def test_shrinks_10_percent_above_band_and_at_least_one() -> None:
     assert ctl.update(0.0) == 27  # 30 * 0.9
     ctl2, _ = controller(initial=4, value=1.0)
     assert [ctl2.update(float(t)) for t in range(3)] == [3, 2, 1]
+
+
+# Every step of the law from the default bounds, worked by hand: shrink is round-half-up of
+# limit * 0.9 (64 -> 57.6 -> 58, 25 -> 22.5 -> 23, 15 -> 13.5 -> 14), at least one less; grow is
+# round-half-up of limit * 1.2, at least one more. Rounding down, to even, or a different step
+# shows up as a different sequence.
+SHRINK_FROM_64 = [58, 52, 47, 42, 38, 34, 31, 28, 25, 23, 21, 19, 17, 15, 14, 13, 12, 11, 10, 9]
+SHRINK_FROM_64 += [8, 7, 6, 5, 4, 3, 2, 1]
+GROW_FROM_1 = [2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 17, 20, 24, 29, 35, 42, 50, 60, 64]
+
+
+def test_shrink_steps_round_to_nearest_from_the_top_to_the_floor() -> None:
+    ctl, _ = controller(initial=64, value=1.0, max_batch=64)
+    limits = [ctl.update(float(t)) for t in range(len(SHRINK_FROM_64) + 1)]
+    assert limits == [*SHRINK_FROM_64, 1]
+    actions = [d.action for d in ctl.stats().recent]
+    assert actions == ["shrink"] * len(SHRINK_FROM_64) + ["bound"]
+
+
+def test_grow_steps_round_to_nearest_from_the_floor_to_the_top() -> None:
+    ctl, _ = controller(initial=1, value=0.0, max_batch=64)
+    limits = [ctl.update(float(t)) for t in range(len(GROW_FROM_1) + 1)]
+    assert limits == [*GROW_FROM_1, 64]
+    actions = [d.action for d in ctl.stats().recent]
+    assert actions == ["grow"] * len(GROW_FROM_1) + ["bound"]
 
 
 @pytest.mark.parametrize("util", [0.6, 0.7, 0.8, None])
@@ -108,15 +153,81 @@ def test_set_batch_policy_takes_effect_on_the_next_interval() -> None:
     assert (cfg.min_util, cfg.max_util, cfg.step_up, cfg.step_down) == (0.5, 0.85, 0.15, 0.15)
 
 
-@pytest.mark.parametrize("args", [(0.9, 0.5, 0.1), (0.5, 1.1, 0.1), (0.5, 0.8, 0.0), (0.5, 0.8, 2)])
+@pytest.mark.parametrize(
+    ("args", "param"),
+    [
+        ((0.9, 0.5, 0.1), "min_util"),
+        ((0.5, 1.1, 0.1), "min_util"),
+        ((0.5, 0.8, 0.0), "step_size"),
+        ((0.5, 0.8, 2), "step_size"),
+    ],
+)
 def test_set_batch_policy_rejects_bad_values_and_keeps_the_old(
-    args: tuple[float, float, float],
+    args: tuple[float, float, float], param: str
 ) -> None:
     ctl, _ = controller()
     before = ctl.config
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(InvalidRequestError) as exc:
         ctl.set_batch_policy(*args)
+    assert exc.value.param == param  # the admin endpoint's 400 names it
     assert ctl.config == before
+
+
+def test_evaluations_keep_the_grid_and_the_decision_records_what_it_saw() -> None:
+    ctl, src = controller(initial=10, value=0.1, interval_s=1.0)
+    ctl.maybe_update(100.0)
+    assert ctl.maybe_update(101.5) == 12  # late inside the interval: the grid stays 102, 103
+    assert ctl.maybe_update(102.0) == 14
+    src.set(0.7)
+    assert ctl.maybe_update(104.0) == 14  # exactly one interval late: restart from 104
+    assert src.num_reads == 3
+    ctl.maybe_update(104.0)  # ... so a second call at the same instant does not evaluate
+    assert ctl.maybe_update(104.9) == 14 and src.num_reads == 3
+    ctl.maybe_update(105.0)
+    assert src.num_reads == 4
+    assert ctl.maybe_update(150.0) == 14  # a stall: one evaluation, the grid restarts at 151
+    assert ctl.maybe_update(151.0) == 14 and src.num_reads == 6
+    decision = ctl.stats().recent[0]
+    assert (decision.ts, decision.utilization, decision.old_limit) == (101.5, 0.1, 10)
+    assert (decision.new_limit, decision.action) == (12, "grow")
+    assert ctl.stats().recent[-1].ts == 151.0
+
+
+def test_the_clock_times_calls_without_now() -> None:
+    now = [5.0]
+    src = FakeUtilization(0.1)
+    ctl = AdaptiveBatchController(BatchPolicyConfig(initial=10), src, clock=lambda: now[0])
+    ctl.maybe_update()
+    now[0] = 6.0
+    assert ctl.maybe_update() == 12
+    now[0] = 6.5
+    assert ctl.update() == 14
+    assert [d.ts for d in ctl.stats().recent] == [6.0, 6.5]
+
+
+def test_stats_count_every_kind_of_decision() -> None:
+    ctl, src = controller(initial=2, value=None, min_batch=1, max_batch=4)
+    assert ctl.stats().last_utilization is None and ctl.stats().num_updates == 0
+    script = [None, 0.1, 0.1, 0.1, 0.7, 0.95, 0.95, 0.95, 0.95]  # no_data, 3 up, hold, 4 down
+    for t, u in enumerate(script):
+        src.set(u)
+        ctl.update(float(t))
+    stats = ctl.stats()
+    assert [d.action for d in stats.recent] == [
+        *["no_data", "grow", "grow", "bound", "hold"],
+        *["shrink", "shrink", "shrink", "bound"],
+    ]
+    assert (stats.limit, stats.num_updates, stats.num_grows, stats.num_shrinks) == (1, 9, 2, 3)
+    assert (stats.num_holds, stats.num_no_data, stats.last_utilization) == (3, 1, 0.95)
+
+
+def test_history_keeps_the_newest_256_decisions() -> None:
+    ctl, _ = controller(initial=10, value=0.7)
+    for t in range(300):
+        ctl.update(float(t))
+    recent = ctl.stats().recent
+    assert len(recent) == 256 and recent[0].ts == 44.0 and recent[-1].ts == 299.0
+    assert ctl.stats().num_updates == 300
 
 
 def test_from_settings_maps_fields_and_clamps_initial() -> None:
@@ -128,6 +239,12 @@ def test_from_settings_maps_fields_and_clamps_initial() -> None:
     assert (cfg.min_util, cfg.max_util, cfg.step_up, cfg.step_down) == (0.5, 0.9, 0.3, 0.1)
     assert cfg.interval_s == 0.25
     assert AdaptiveBatchController.from_settings(s).limit == 8
+    s2 = load_settings(max_num_seqs=32, min_num_seqs=2, initial_num_seqs=4, step_down=0.3)
+    cfg2 = BatchPolicyConfig.from_settings(s2, max_batch=6)  # the engine's token-budget cap
+    assert (cfg2.min_batch, cfg2.initial, cfg2.max_batch, cfg2.step_down) == (2, 4, 6, 0.3)
+    src = FakeUtilization(0.1)
+    ctl = AdaptiveBatchController.from_settings(s2, src, clock=lambda: 7.0)
+    assert ctl.source is src and ctl.update() == 5 and ctl.stats().recent[-1].ts == 7.0
 
 
 class SyntheticWorkload:

@@ -129,8 +129,10 @@ def _settle(
 
 
 def _wait_for(read: Callable[[], list[Any]], timeout_s: float = 20.0) -> list[Any]:
+    """Poll `read` until it returns something; fails (never returns empty) at the timeout."""
     deadline = time.monotonic() + timeout_s
-    while not (found := read()) and time.monotonic() < deadline:
+    while not (found := read()):
+        assert time.monotonic() < deadline, f"nothing after {timeout_s}s from {read}"
         time.sleep(0.1)
     return found
 
@@ -144,10 +146,16 @@ def test_no_request_fails_while_weights_change_and_the_canary_is_promoted(
         statuses: list[int] = []
         stop = threading.Event()
 
+        errors: list[str] = []
+
         def client(n: int) -> None:
             i = 0
             while not stop.is_set():
-                statuses.append(_complete(server.url, f"c{n}-{i}").status_code)
+                try:
+                    statuses.append(_complete(server.url, f"c{n}-{i}").status_code)
+                except Exception as exc:  # a request that never got an answer fails too
+                    errors.append(f"c{n}-{i}: {exc!r}")
+                    return
                 i += 1
 
         threads = [threading.Thread(target=client, args=(n,)) for n in range(3)]
@@ -165,6 +173,7 @@ def test_no_request_fails_while_weights_change_and_the_canary_is_promoted(
             stop.set()
             for t in threads:
                 t.join(60)
+        assert not errors, errors
         assert statuses and set(statuses) == {200}, statuses
         assert _rollout(["status", *cli], capsys) == 0
         out = capsys.readouterr().out
@@ -175,10 +184,12 @@ def test_no_request_fails_while_weights_change_and_the_canary_is_promoted(
 
 
 def _wait_requests(statuses: list[int], n: int, timeout_s: float = 60.0) -> None:
-    """Let `n` more requests complete (traffic flows across each switch)."""
+    """Let `n` more requests complete (traffic flows across each switch); fails when they do not
+    within the timeout, so a window without traffic cannot pass as "no request failed"."""
     target = len(statuses) + n
     deadline = time.monotonic() + timeout_s
-    while len(statuses) < target and time.monotonic() < deadline:
+    while len(statuses) < target:
+        assert time.monotonic() < deadline, f"only {len(statuses)} of {target} requests done"
         time.sleep(0.02)
 
 

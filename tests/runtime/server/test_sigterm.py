@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.fixtures.ready import fastllm_command, free_port, wait_ready
+from tests.fixtures.ready import fastllm_command, start_on_free_port
 
 NUM_IN_FLIGHT = 3
 
@@ -41,7 +40,6 @@ def test_sigterm_drains_then_exits_zero(
 ) -> None:
     model = tmp_path / "llama-tiny"
     model.symlink_to(demo_model_dir("llama"), target_is_directory=True)
-    port = free_port()
     env = {
         **os.environ,
         "FASTLLM_STORAGE_ENABLED": "false",
@@ -49,19 +47,14 @@ def test_sigterm_drains_then_exits_zero(
         "FASTLLM_DEVICE": "cpu",
         "FASTLLM_DRAIN_GRACE_S": "120",
     }
-    proc = subprocess.Popen(
-        [*fastllm_command(), "serve", "--model", str(model), "--port", str(port)],
+    log_path = tmp_path / "serve.log"
+    proc, port = start_on_free_port(
+        lambda port: [*fastllm_command(), "serve", "--model", str(model), "--port", str(port)],
+        log_path,
         env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        if not wait_ready(f"{base}/ready", proc, 120.0):
-            proc.kill()
-            raise AssertionError(f"server never became ready: {proc.communicate()[0]}")
-
         started = threading.Barrier(NUM_IN_FLIGHT + 1)
         with ThreadPoolExecutor(NUM_IN_FLIGHT) as pool:
             streams = [
@@ -87,5 +80,3 @@ def test_sigterm_drains_then_exits_zero(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()

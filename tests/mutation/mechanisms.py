@@ -1,0 +1,86 @@
+"""The mechanisms `make mutate` mutates, each with the tests that carry its promises.
+
+A mechanism's `files` are the only files mutmut changes; `tests` is the pytest selection run
+against each mutant (mutmut narrows it further, per mutated function, to the tests that call it).
+`equivalent` names the surviving mutants that no test can kill because they do not change
+behaviour, each with the reason; docs/testing.md lists the same. Mutant names are mutmut's
+(`module.x_function__mutmut_N`, `module.xǁClassǁmethod__mutmut_N`); a change to a function
+renumbers its mutants, so after an edit an old entry can stop matching: the run then reports the
+survivor as new and a person decides again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PACKAGES = ("runtime", "storage", "alerts", "monitoring", "dashboards")
+MIN_KILLED_RATIO = 0.9
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    name: str
+    files: tuple[str, ...]  # repository paths mutmut mutates
+    tests: tuple[str, ...]  # pytest selection (paths or node ids)
+    # mutant-name globs when only some functions of `files` belong to the mechanism (else all)
+    only: tuple[str, ...] = ()
+    equivalent: dict[str, str] = field(default_factory=dict)  # mutant name -> why it is equivalent
+
+
+MECHANISMS: tuple[Mechanism, ...] = (
+    Mechanism(
+        "allocator",
+        files=(
+            "runtime/memory/allocator.py",
+            "runtime/memory/block.py",
+            "runtime/memory/tiers.py",
+            "runtime/memory/kv_cache.py",
+        ),
+        tests=("tests/runtime/memory", "tests/runtime/memory/test_kv_cache.py"),
+    ),
+    Mechanism(
+        "batcher",
+        files=("runtime/engine/batching/controller.py",),
+        tests=("tests/runtime/engine/test_batch_policy.py",),
+    ),
+    Mechanism(
+        "writer",
+        files=("storage/writer.py", "storage/drain.py"),
+        tests=("tests/storage/test_writer.py", "tests/storage/test_outage.py"),
+    ),
+    Mechanism(
+        "verification",
+        files=("runtime/verify/verifier.py", "storage/audit.py", "runtime/server/wiring.py"),
+        only=(
+            "runtime.verify.*",
+            "storage.audit.x_default_threshold__mutmut_*",
+            "runtime.server.wiring.x_anomaly_threshold__mutmut_*",
+        ),
+        tests=(
+            "tests/runtime/verify/test_verifier_worker.py",
+            # the model-backed ones that reach the reference path, one case each
+            "tests/runtime/verify/test_verifier.py::test_sampling_is_deterministic_and_near_the_rate",
+            "tests/runtime/verify/test_verifier.py::test_every_request_is_verified_at_rate_one[llama]",
+            "tests/runtime/verify/test_verifier.py::test_a_broken_op_is_pinpointed[swiglu-swiglu]",
+            "tests/runtime/verify/test_verifier.py::test_a_failing_reference_is_counted_not_raised",
+            "tests/storage/test_audit.py::test_default_thresholds_loosen_with_lower_precision",
+            "tests/runtime/server/test_thresholds.py",
+        ),
+    ),
+    Mechanism(
+        "alerts",
+        files=("alerts/state.py",),
+        tests=(
+            "tests/alerts/test_state.py",
+            "tests/alerts/test_evaluator.py",
+            "tests/alerts/test_parity.py",
+        ),
+    ),
+)
+
+
+def by_name(name: str) -> Mechanism:
+    for mechanism in MECHANISMS:
+        if mechanism.name == name:
+            return mechanism
+    raise KeyError(f"no mechanism {name!r}; known: {', '.join(m.name for m in MECHANISMS)}")
