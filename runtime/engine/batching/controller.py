@@ -7,7 +7,11 @@ Control law, evaluated once per control interval from one utilization reading u:
     otherwise     ->  hold;   u = None (no data) -> hold
     limit is then clamped to [min_batch, max_batch].
 
-Growing faster than shrinking finds headroom quickly and backs off gently.
+Growing faster than shrinking finds headroom quickly and backs off gently. u is the share of the
+device's saturation throughput the engine delivers (runtime.engine.batching.throughput): it rises
+with the batch, so the limit settles at the knee of the throughput curve. A source that knows
+whether the limit binds (`limit_binds()`) makes the controller hold while it does not: nothing is
+waiting for a place in the batch, so changing the limit would change nothing but the limit.
 `set_batch_policy(min_util, max_util, step_size)` sets the band and BOTH step sizes to
 `step_size` (the DESIGN.md call passes a single step); it is applied at the next evaluation,
 never between two.
@@ -21,16 +25,17 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
+from runtime.engine.batching.step_model import StepTimeModel
+from runtime.engine.batching.throughput import ThroughputUtilization
 from runtime.engine.batching.utilization import (
     BusyFractionSource,
     BusyTracker,
     FakeUtilization,
-    NvmlUtilization,
     UtilizationSource,
-    make_utilization_source,
 )
+from runtime.engine.stats import StepStats
 from runtime.errors import ConfigError, InvalidRequestError
 
 __all__ = [
@@ -40,12 +45,26 @@ __all__ = [
     "BatchPolicyConfig",
     "BusyFractionSource",
     "BusyTracker",
+    "DemandSignal",
     "FakeUtilization",
-    "NvmlUtilization",
+    "StepObserver",
+    "StepTimeModel",
+    "ThroughputUtilization",
     "UtilizationSource",
-    "make_utilization_source",
     "next_limit",
 ]
+
+
+@runtime_checkable
+class DemandSignal(Protocol):
+    def limit_binds(self) -> bool:
+        """Whether the batch limit held requests back over the last interval."""
+        ...
+
+
+@runtime_checkable
+class StepObserver(Protocol):
+    def observe(self, step: StepStats) -> None: ...
 
 
 def _check_band(
@@ -129,7 +148,7 @@ class BatchDecision:
     utilization: float | None
     old_limit: int
     new_limit: int
-    action: str  # grow | shrink | hold | no_data | bound
+    action: str  # grow | shrink | hold | no_data | bound | idle (the limit did not bind)
 
 
 @dataclass(frozen=True)
@@ -141,6 +160,7 @@ class BatchControllerStats:
     num_shrinks: int
     num_holds: int  # hold + bound
     num_no_data: int
+    num_idle: int  # held because the limit did not bind
     last_utilization: float | None
     recent: tuple[BatchDecision, ...]  # newest last
 
@@ -154,17 +174,22 @@ class AdaptiveBatchController:
         config: BatchPolicyConfig | None = None,
         source: UtilizationSource | None = None,
         *,
+        demand: DemandSignal | None = None,
         clock: Callable[[], float] = time.monotonic,
         history: int = 256,
     ) -> None:
+        """`demand`: whether the limit binds; default the source itself when it can tell."""
         self._config = config or BatchPolicyConfig()
         self._source: UtilizationSource = source or FakeUtilization(None)
+        if demand is None and isinstance(self._source, DemandSignal):
+            demand = self._source
+        self._demand = demand
         self._clock = clock
         self._limit = self._config.initial
         self._next_eval: float | None = None  # set by the first maybe_update: a full interval first
         self._lock = threading.Lock()
         self._recent: deque[BatchDecision] = deque(maxlen=history)
-        self._counts = dict.fromkeys(("grow", "shrink", "hold", "bound", "no_data"), 0)
+        self._counts = dict.fromkeys(("grow", "shrink", "hold", "bound", "no_data", "idle"), 0)
         self._last_util: float | None = None
 
     @classmethod
@@ -204,14 +229,23 @@ class AdaptiveBatchController:
     def update(self, now: float | None = None) -> int:
         """Evaluate the law once, right now (tests and manual control)."""
         now = self._clock() if now is None else now
-        utilization = self._source.read()  # outside the lock: NVML may take a moment
+        utilization = self._source.read()  # outside the lock: a source may take a moment
+        idle = self._demand is not None and not self._demand.limit_binds()
         with self._lock:
             old = self._limit
-            self._limit, action = next_limit(old, utilization, self._config)
+            if idle and utilization is not None:
+                action = "idle"
+            else:
+                self._limit, action = next_limit(old, utilization, self._config)
             self._counts[action] += 1
             self._last_util = utilization
             self._recent.append(BatchDecision(now, utilization, old, self._limit, action))
             return self._limit
+
+    def observe(self, step: StepStats) -> None:
+        """Every engine step's stats, for a source that learns from them (the step-time model)."""
+        if isinstance(self._source, StepObserver):
+            self._source.observe(step)
 
     def set_batch_policy(self, min_util: float, max_util: float, step_size: float) -> None:
         """Change the band and both step sizes at run time; used from the next evaluation on.
@@ -238,6 +272,7 @@ class AdaptiveBatchController:
                 num_shrinks=c["shrink"],
                 num_holds=c["hold"] + c["bound"],
                 num_no_data=c["no_data"],
+                num_idle=c["idle"],
                 last_utilization=self._last_util,
                 recent=tuple(self._recent),
             )
