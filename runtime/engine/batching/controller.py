@@ -9,9 +9,13 @@ Control law, evaluated once per control interval from one utilization reading u:
 
 Growing faster than shrinking finds headroom quickly and backs off gently. u is the share of the
 device's saturation throughput the engine delivers (runtime.engine.batching.throughput): it rises
-with the batch, so the limit settles at the knee of the throughput curve. A source that knows
-whether the limit binds (`limit_binds()`) makes the controller hold while it does not: nothing is
-waiting for a place in the batch, so changing the limit would change nothing but the limit.
+with the batch, so the limit settles at the knee of the throughput curve. A source that also gives
+the demand (`DemandSignal`) makes the controller hold
+- while the limit does not bind ("idle"): nothing waits for a place in the batch, so changing the
+  limit would change nothing but the limit (idle periods do not ratchet it to the maximum);
+- instead of shrinking while the batch in flight is still above the limit ("draining"): running
+  sequences are never evicted, so a shrink takes effect only as they finish, and shrinking again
+  meanwhile would ratchet the limit down without the batch following.
 `set_batch_policy(min_util, max_util, step_size)` sets the band and BOTH step sizes to
 `step_size` (the DESIGN.md call passes a single step); it is applied at the next evaluation,
 never between two.
@@ -32,6 +36,8 @@ from runtime.engine.batching.throughput import ThroughputUtilization
 from runtime.engine.batching.utilization import (
     BusyFractionSource,
     BusyTracker,
+    Demand,
+    DemandSignal,
     FakeUtilization,
     UtilizationSource,
 )
@@ -45,6 +51,7 @@ __all__ = [
     "BatchPolicyConfig",
     "BusyFractionSource",
     "BusyTracker",
+    "Demand",
     "DemandSignal",
     "FakeUtilization",
     "StepObserver",
@@ -53,13 +60,6 @@ __all__ = [
     "UtilizationSource",
     "next_limit",
 ]
-
-
-@runtime_checkable
-class DemandSignal(Protocol):
-    def limit_binds(self) -> bool:
-        """Whether the batch limit held requests back over the last interval."""
-        ...
 
 
 @runtime_checkable
@@ -148,7 +148,7 @@ class BatchDecision:
     utilization: float | None
     old_limit: int
     new_limit: int
-    action: str  # grow | shrink | hold | no_data | bound | idle (the limit did not bind)
+    action: str  # grow | shrink | hold | no_data | bound | idle | draining (see module doc)
 
 
 @dataclass(frozen=True)
@@ -161,6 +161,7 @@ class BatchControllerStats:
     num_holds: int  # hold + bound
     num_no_data: int
     num_idle: int  # held because the limit did not bind
+    num_draining: int  # held a shrink while the batch was still above the limit
     last_utilization: float | None
     recent: tuple[BatchDecision, ...]  # newest last
 
@@ -178,18 +179,21 @@ class AdaptiveBatchController:
         clock: Callable[[], float] = time.monotonic,
         history: int = 256,
     ) -> None:
-        """`demand`: whether the limit binds; default the source itself when it can tell."""
+        """`demand`: whether the limit binds; default: the source itself when it can tell."""
         self._config = config or BatchPolicyConfig()
         self._source: UtilizationSource = source or FakeUtilization(None)
         if demand is None and isinstance(self._source, DemandSignal):
             demand = self._source
         self._demand = demand
+        # checked once: a runtime protocol check costs more than the rest of a step's bookkeeping
+        self._observer = self._source if isinstance(self._source, StepObserver) else None
         self._clock = clock
         self._limit = self._config.initial
         self._next_eval: float | None = None  # set by the first maybe_update: a full interval first
         self._lock = threading.Lock()
         self._recent: deque[BatchDecision] = deque(maxlen=history)
-        self._counts = dict.fromkeys(("grow", "shrink", "hold", "bound", "no_data", "idle"), 0)
+        actions = ("grow", "shrink", "hold", "bound", "no_data", "idle", "draining")
+        self._counts = dict.fromkeys(actions, 0)
         self._last_util: float | None = None
 
     @classmethod
@@ -230,13 +234,16 @@ class AdaptiveBatchController:
         """Evaluate the law once, right now (tests and manual control)."""
         now = self._clock() if now is None else now
         utilization = self._source.read()  # outside the lock: a source may take a moment
-        idle = self._demand is not None and not self._demand.limit_binds()
+        demand = self._demand.demand() if self._demand is not None else None
         with self._lock:
             old = self._limit
-            if idle and utilization is not None:
+            new, action = next_limit(old, utilization, self._config)
+            if utilization is not None and demand is not None and not demand.limit_binds:
                 action = "idle"
+            elif action == "shrink" and demand is not None and (demand.num_seqs or 0) > old:
+                action = "draining"
             else:
-                self._limit, action = next_limit(old, utilization, self._config)
+                self._limit = new
             self._counts[action] += 1
             self._last_util = utilization
             self._recent.append(BatchDecision(now, utilization, old, self._limit, action))
@@ -244,8 +251,8 @@ class AdaptiveBatchController:
 
     def observe(self, step: StepStats) -> None:
         """Every engine step's stats, for a source that learns from them (the step-time model)."""
-        if isinstance(self._source, StepObserver):
-            self._source.observe(step)
+        if self._observer is not None:
+            self._observer.observe(step)
 
     def set_batch_policy(self, min_util: float, max_util: float, step_size: float) -> None:
         """Change the band and both step sizes at run time; used from the next evaluation on.
@@ -273,6 +280,7 @@ class AdaptiveBatchController:
                 num_holds=c["hold"] + c["bound"],
                 num_no_data=c["no_data"],
                 num_idle=c["idle"],
+                num_draining=c["draining"],
                 last_utilization=self._last_util,
                 recent=tuple(self._recent),
             )

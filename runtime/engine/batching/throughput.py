@@ -1,6 +1,6 @@
 """The batch controller's input: the share of the device's saturation throughput being delivered.
 
-    u = busy fraction x (1 - a / T(mean work of the window's steps))
+    u = busy fraction x (1 - a / T(work of the window's mean batch))
 
 over the trailing control window, with `T` and `a` from the online step-time model. Duty cycles
 alone (the busy fraction, NVML `utilization.gpu`) read ~1 under any backlog whatever the batch,
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from runtime.engine.batching.step_model import StepCost, StepTimeFit, StepTimeModel
-from runtime.engine.batching.utilization import BusyTracker
+from runtime.engine.batching.utilization import BusyTracker, Demand
 from runtime.engine.stats import StepStats
 
 
@@ -35,12 +35,20 @@ class ThroughputReading:
     saturation_share: float | None  # 1 - a / T at the window's mean work
     num_steps: int  # steps that ended in the window
     binding_fraction: float  # share of them at which the limit held requests back
+    num_seqs: int | None  # sequences in the window's latest step
     fit: StepTimeFit | None
 
 
 class ThroughputUtilization:
     """A UtilizationSource fed with StepStats (`observe`). `busy` is the engine's own tracker when
-    the engine records busy time itself; without one, observed steps fill a private tracker."""
+    the engine records busy time itself; without one, observed steps fill a private tracker.
+
+    The work the share is evaluated at is the window's mean batch (sequences per step) times the
+    work per sequence of the last `mix_steps` steps (tokens, sampled rows, attention pairs per
+    sequence: the prefill/decode mix and the context). A window of a few steps at a slow device
+    would otherwise read high or low by whether a prefill burst fell into it; this way the reading
+    follows the batch size at once and the mix smoothly.
+    """
 
     def __init__(
         self,
@@ -50,6 +58,7 @@ class ThroughputUtilization:
         busy: BusyTracker | None = None,
         clock: Callable[[], float] = time.monotonic,
         binding_share: float = 0.5,
+        mix_steps: int = 64,
     ) -> None:
         self.model = model or StepTimeModel()
         self.window_s = window_s
@@ -57,8 +66,12 @@ class ThroughputUtilization:
         self._clock = clock
         self._own_busy = busy is None
         self._busy = busy if busy is not None else BusyTracker(window_s, clock=clock)
-        self._steps: deque[tuple[float, tuple[float, float, float], bool]] = deque()
+        # (observed at, limit bound, sequences) of the window's steps
+        self._window: deque[tuple[float, bool, int]] = deque()
+        self._mix: deque[tuple[tuple[float, float, float], int]] = deque(maxlen=mix_steps)
         self._lock = threading.Lock()
+        self._num_observed = 0
+        self._last: tuple[int, ThroughputReading] | None = None  # for demand() right after read()
 
     def observe(self, step: StepStats) -> None:
         """Called by the engine after every step (its thread, outside the forward)."""
@@ -68,35 +81,57 @@ class ThroughputUtilization:
         if self._own_busy:
             self._busy.add_busy(step.busy_seconds, end=now)
         with self._lock:
-            self._steps.append((now, cost.features, step.limit_binds))
+            self._num_observed += 1
+            self._window.append((now, step.limit_binds, step.num_seqs))
+            if step.num_seqs > 0:
+                self._mix.append((cost.features, step.num_seqs))
             self._prune(now)
 
     def _prune(self, now: float) -> None:
-        while self._steps and self._steps[0][0] <= now - self.window_s:
-            self._steps.popleft()
+        while self._window and self._window[0][0] <= now - self.window_s:
+            self._window.popleft()
+
+    def _per_sequence(self) -> tuple[float, float, float]:
+        num_seqs = sum(n for _, n in self._mix)
+        return (
+            sum(f[0] for f, _ in self._mix) / num_seqs,
+            sum(f[1] for f, _ in self._mix) / num_seqs,
+            sum(f[2] for f, _ in self._mix) / num_seqs,
+        )
 
     def reading(self, now: float | None = None) -> ThroughputReading:
         now = self._clock() if now is None else now
         with self._lock:
             self._prune(now)
-            steps = list(self._steps)
+            steps = list(self._window)
+            per_seq = self._per_sequence() if steps and self._mix else None
         fit = self.model.fit()
         busy = self._busy.fraction(now)
-        binding = sum(b for _, _, b in steps) / len(steps) if steps else 0.0
+        binding = sum(s[1] for s in steps) / len(steps) if steps else 0.0
         share = None
-        if fit is not None and steps:
-            mean = tuple(sum(f[i] for _, f, _ in steps) / len(steps) for i in range(3))
-            share = fit.saturation_share((mean[0], mean[1], mean[2]))
+        if fit is not None and per_seq is not None:
+            batch = sum(s[2] for s in steps) / len(steps)
+            share = fit.saturation_share((batch * per_seq[0], batch * per_seq[1], batch * per_seq[2]))
         if fit is None or busy is None:
             u = None
         else:  # an idle window delivers nothing: u = 0 (busy is 0 too)
             u = busy * share if share is not None else 0.0
-        return ThroughputReading(u, busy, share, len(steps), binding, fit)
+        num_seqs = steps[-1][2] if steps else None
+        return ThroughputReading(u, busy, share, len(steps), binding, num_seqs, fit)
 
     def read(self) -> float | None:
-        return self.reading().utilization
-
-    def limit_binds(self) -> bool:
-        """Whether the batch limit held requests back in most of the window's steps."""
+        with self._lock:
+            seen = self._num_observed
         reading = self.reading()
-        return reading.num_steps > 0 and reading.binding_fraction >= self.binding_share
+        self._last = (seen, reading)
+        return reading.utilization
+
+    def demand(self) -> Demand:
+        """The limit binds when it held requests back in most of the window's steps (the
+        controller asks right after `read()`: that reading is reused if no step came between)."""
+        last = self._last
+        with self._lock:
+            fresh = last is not None and last[0] == self._num_observed
+        reading = last[1] if fresh and last is not None else self.reading()
+        binds = reading.num_steps > 0 and reading.binding_fraction >= self.binding_share
+        return Demand(limit_binds=binds, num_seqs=reading.num_seqs)

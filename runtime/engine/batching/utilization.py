@@ -19,9 +19,23 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from runtime.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Demand:
+    """Whether the batch limit is what holds the engine back, over the source's window."""
+
+    limit_binds: bool  # most steps left requests waiting with the batch at the limit
+    num_seqs: int | None  # sequences in the latest step (None: no step in the window)
+
+
+@runtime_checkable
+class DemandSignal(Protocol):
+    def demand(self) -> Demand: ...
 
 
 @runtime_checkable

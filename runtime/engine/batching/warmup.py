@@ -4,7 +4,7 @@ The model can only separate a step's fixed cost from its marginal cost once it h
 clearly different sizes; live traffic may not show them for a while (a steady load sits at one
 batch size), and until then the controller holds. So at load, before the engine loop starts, a
 few batches of throwaway greedy requests (1, 4, 16, 64 sequences up to the batch cap, a short
-prompt and two decode steps each) run through the real schedule → execute → update path, with
+prompt and one decode step each) run through the real schedule → execute → update path, with
 the stats sink and the close hooks muted: no metric, trace or `inference_log` row sees them, and
 their KV is freed before the first real request arrives. On the tiny demo model it takes a few
 tens of milliseconds; on the `small` llama on CPU about a second.
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 class WarmupPlan:
     batch_sizes: tuple[int, ...]  # sequences per warm-up batch, each run to completion
     prompt_tokens: int = 4
-    new_tokens: int = 3  # tokens generated per sequence: one with the prefill, then decodes
+    new_tokens: int = 2  # tokens generated per sequence: one with the prefill, one decode
 
     @classmethod
     def for_max_batch(cls, max_batch: int) -> WarmupPlan:

@@ -65,6 +65,8 @@ class SimulatedEngine:
     prompt_tokens: int = 40
     new_tokens: tuple[int, int] = (48, 80)  # per request, uniform: finishes spread out
     gap_s: float = 0.0005  # loop overhead between steps (not busy)
+    token_budget: int = 2048  # per step, as max_num_batched_tokens (a prompt is never split here)
+    window_intervals: float = 2.0  # the signal's window, in control intervals (as the engine)
     idle_wait_s: float = 0.05
     warmup: bool = True
     seed: int = 0
@@ -81,7 +83,7 @@ class SimulatedEngine:
         self.rng = random.Random(self.seed)
         model = StepTimeModel(skip_first=0)
         self.source = ThroughputUtilization(
-            model, window_s=self.config.interval_s, clock=lambda: self.now
+            model, window_s=self.window_intervals * self.config.interval_s, clock=lambda: self.now
         )
         self.controller = AdaptiveBatchController(self.config, self.source, history=100_000)
         self.waiting = self.streams
@@ -132,7 +134,11 @@ class SimulatedEngine:
         limit = self.controller.maybe_update(self.now)
         self._arrivals_until(self.now)
         joined: list[_Seq] = []
+        budget = self.token_budget - len(self.running)
         while self.waiting > 0 and len(self.running) + len(joined) < limit:
+            if budget < self.prompt_tokens:
+                break
+            budget -= self.prompt_tokens
             self.waiting -= 1
             joined.append(_Seq(self.prompt_tokens, self.rng.randint(*self.new_tokens)))
         if not self.running and not joined:
