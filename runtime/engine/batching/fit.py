@@ -13,7 +13,7 @@ from collections.abc import Sequence
 def _solve(matrix: list[list[float]], rhs: list[float]) -> list[float] | None:
     """Gaussian elimination with partial pivoting; None when the system is singular."""
     n = len(rhs)
-    rows = [row[:] + [value] for row, value in zip(matrix, rhs, strict=True)]
+    rows = [[*row, value] for row, value in zip(matrix, rhs, strict=True)]
     for col in range(n):
         pivot = max(range(col, n), key=lambda r: abs(rows[r][col]))
         if abs(rows[pivot][col]) < 1e-12:

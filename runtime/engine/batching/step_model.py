@@ -92,7 +92,7 @@ class StepTimeModel:
         self.min_buckets = min_buckets  # fewer distinct sizes seen: no fit (the controller holds)
         self.min_token_spread = min_token_spread  # nor when the sizes seen are too close
         self.memory = memory  # a bucket's mean follows its last ~memory steps; also its weight cap
-        self.outlier_factor = outlier_factor  # a step slower than this x its bucket's mean is clipped
+        self.outlier_factor = outlier_factor  # a step slower than this x its bucket mean: clipped
         # a process's first forward pays one-off costs (lazy init, heap growth, kernel choice)
         self.skip_first = skip_first
         self._buckets: dict[int, _Bucket] = {}

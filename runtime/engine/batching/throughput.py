@@ -111,10 +111,10 @@ class ThroughputUtilization:
         share = None
         if fit is not None and per_seq is not None:
             batch = sum(s[2] for s in steps) / len(steps)
-            share = fit.saturation_share((batch * per_seq[0], batch * per_seq[1], batch * per_seq[2]))
-        if fit is None or busy is None:
-            u = None
-        else:  # an idle window delivers nothing: u = 0 (busy is 0 too)
+            work = (batch * per_seq[0], batch * per_seq[1], batch * per_seq[2])
+            share = fit.saturation_share(work)
+        u: float | None = None
+        if fit is not None and busy is not None:  # an idle window delivers nothing: u = 0
             u = busy * share if share is not None else 0.0
         num_seqs = steps[-1][2] if steps else None
         return ThroughputReading(u, busy, share, len(steps), binding, num_seqs, fit)

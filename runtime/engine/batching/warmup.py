@@ -41,7 +41,9 @@ class WarmupPlan:
         return cls(tuple(sorted(sizes)))
 
 
-def _sequence(request_id: str, prompt: list[int], new_tokens: int, tokenizer: Tokenizer) -> Sequence:
+def _sequence(
+    request_id: str, prompt: list[int], new_tokens: int, tokenizer: Tokenizer
+) -> Sequence:
     params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     return Sequence(
         request=GenerationRequest(request_id, prompt, params),

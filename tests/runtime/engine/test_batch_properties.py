@@ -4,6 +4,7 @@ on a virtual clock (tests/runtime/engine/synthetic_device.py). Nothing sleeps.""
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import subprocess
 from pathlib import Path
@@ -47,13 +48,15 @@ def test_1_u_rises_with_the_limit_under_a_saturating_load() -> None:
         tokens = statistics.fmean(s.num_decode_tokens for s in steps)
         busy = sum(s.busy_seconds for s in steps) / 6.0
         truths.append(busy * AFFINE.saturation_share(tokens, 0, 0))
-    assert all(b > a for a, b in zip(medians, medians[1:], strict=False)), medians
+    assert all(b > a for a, b in itertools.pairwise(medians)), medians
     assert medians[0] < 0.2 and medians[-1] > 0.9
     for got, want in zip(medians, truths, strict=True):  # and it is what it claims to be
         assert abs(got - want) < 0.05, (medians, truths)
 
 
-@settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(
     fixed_ms=st.floats(2.0, 20.0),
     knee=st.floats(2.0, 12.0),
@@ -118,13 +121,14 @@ def test_4_no_data_or_too_little_spread_holds() -> None:
 def low_alert_fires(values: list[float], tmp_path: Path) -> subprocess.CompletedProcess[str]:
     """promtool evaluates the project's rules over these 15 s samples of the ratio."""
     series = 'fastllm_device_utilization_ratio{device="cpu",instance="rt:8000",job="fastllm"}'
+    encoded = " ".join(f"{v:.4f}" for v in values)
     test = {
         "rule_files": [str(RULES)],
         "evaluation_interval": "15s",
         "tests": [
             {
                 "interval": "15s",
-                "input_series": [{"series": series, "values": " ".join(f"{v:.4f}" for v in values)}],
+                "input_series": [{"series": series, "values": encoded}],
                 "promql_expr_test": [
                     {
                         "expr": 'ALERTS{alertname="FastllmDeviceUtilizationLow"}',
