@@ -66,7 +66,7 @@ class SimulatedEngine:
     new_tokens: tuple[int, int] = (48, 80)  # per request, uniform: finishes spread out
     gap_s: float = 0.0005  # loop overhead between steps (not busy)
     token_budget: int = 2048  # per step, as max_num_batched_tokens (a prompt is never split here)
-    window_intervals: float = 2.0  # the signal's window, in control intervals (as the engine)
+    window_intervals: float = 1.0  # the signal's window, in control intervals (as the engine)
     idle_wait_s: float = 0.05
     warmup: bool = True
     seed: int = 0
