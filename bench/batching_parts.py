@@ -59,6 +59,7 @@ def start_server(model: str, device: str, policy: dict[str, str]) -> Server:
         FASTLLM_ALERTS_ENABLED="false",
         FASTLLM_VERIFY_SAMPLE_RATE="0",
         FASTLLM_DRAIN_GRACE_S="1",
+        MALLOC_ARENA_MAX=os.environ.get("MALLOC_ARENA_MAX", "2"),  # as bench.soak's children
         **policy,
     )
     cmd = [sys.executable, "-m", "runtime", "serve", "--model", model, "--port", str(port)]
