@@ -230,8 +230,7 @@ def window_stats(scrapes: Sequence[Scrape], t0: float, t1: float) -> dict[str, f
 
 def trace_of(scrapes: Sequence[Scrape], t0: float) -> list[dict[str, float]]:
     return [
-        {"t": round(s.t - t0, 2), **{k: round(v, 3) for k, v in s.gauges.items()}}
-        for s in scrapes
+        {"t": round(s.t - t0, 2), **{k: round(v, 3) for k, v in s.gauges.items()}} for s in scrapes
     ]
 
 
