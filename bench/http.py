@@ -43,15 +43,9 @@ DEFAULT_CACHE = Path(os.environ.get("FASTLLM_BENCH_CACHE", "/tmp/fastllm-bench")
 PROMPT = "The quick brown fox jumps over the lazy dog and then"
 
 
-def engine_config(model: Path, device: str, max_num_seqs: int) -> EngineConfig:
-    return EngineConfig(
-        model_path=model,
-        model_name=model.name,
-        device=device,
-        max_num_seqs=max_num_seqs,
-        initial_num_seqs=max_num_seqs,
-        min_num_seqs=max_num_seqs,  # a fixed batch cap: the policy must not differ between paths
-    )
+def engine_config(model: Path, device: str) -> EngineConfig:
+    """The default batch policy on both paths (the adaptive controller, as `fastllm serve`)."""
+    return EngineConfig(model_path=model, model_name=model.name, device=device)
 
 
 async def engine_round(engine: Engine, prompt_ids: list[int], streams: int, tokens: int) -> tuple:
@@ -113,16 +107,13 @@ async def http_round(url: str, model: str, streams: int, tokens: int) -> tuple:
     return time.perf_counter() - start, sum(counts)
 
 
-def start_server(model: Path, device: str, max_num_seqs: int) -> tuple[subprocess.Popen, str]:
+def start_server(model: Path, device: str) -> tuple[subprocess.Popen, str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     env = {
         **os.environ,
         "FASTLLM_DEVICE": device,
-        "FASTLLM_MAX_NUM_SEQS": str(max_num_seqs),
-        "FASTLLM_INITIAL_NUM_SEQS": str(max_num_seqs),
-        "FASTLLM_MIN_NUM_SEQS": str(max_num_seqs),
         "FASTLLM_METRICS_ENABLED": "false",
         "FASTLLM_TRACING_ENABLED": "false",
         "FASTLLM_STORAGE_ENABLED": "false",
@@ -178,11 +169,17 @@ def main() -> None:
     tokens, rounds = (16, 3) if args.quick else (64, 5)
     model = ensure_model(args.model, args.cache_dir)
     concurrencies = (32, 64)
-    engine = Engine(engine_config(model, args.device, max(concurrencies)))
+    engine = Engine(engine_config(model, args.device))
+    policy = engine.config.batch_policy
+    print(
+        f"policy: defaults (band {policy.min_util}-{policy.max_util}, limit "
+        f"{policy.min_batch}..{policy.max_batch} from {policy.initial}) on both paths",
+        flush=True,
+    )
     engine.load()
     engine.start()
     prompt_ids = engine.tokenizer.encode(PROMPT)
-    proc, url = start_server(model, args.device, max(concurrencies))
+    proc, url = start_server(model, args.device)
     results: dict[str, dict[str, float]] = {}
     try:
         asyncio.run(engine_round(engine, prompt_ids, 8, 4))  # warm both paths up
@@ -217,6 +214,7 @@ def main() -> None:
         "model": model.name,
         "device": args.device,
         "max_tokens": tokens,
+        "policy": "defaults",
         "server_overhead_pct": {k: v["server_overhead_pct"] for k, v in results.items()},
         "details": results,
         "target_pct": TARGET_PCT,

@@ -7,7 +7,7 @@ submitted in batches of 1–48 requests, the next batch queued before the previo
 Process RSS and the allocator's bytes in use, footprint (in use + cached) and live blocks are
 sampled between engine steps every 1,000 finished requests (every N/20 when N < 20,000, as with
 --quick, so a short run still gets 20 samples); the first 10% of the requests are warm-up and not
-counted. The engine's batch limit is pinned at 64 (see soak_run); its heap trimming
+counted. The engine runs the default batch policy (the adaptive controller); its heap trimming
 (`heap_trim_interval_s`, 5 s) is on in both modes, as in `fastllm serve`. The same workload runs
 twice, each in its own subprocess (RSS is per process) with MALLOC_ARENA_MAX=2: with the tiered
 allocator ("pooled") and with pooling off (AllocatorConfig(small_blocks_per_class=0,
@@ -16,6 +16,8 @@ Last line: one JSON object with the pooled figures at the top level and the unpo
 "unpooled". --telemetry wires in the server's Prometheus and tracing sinks, opens a span per
 request and scrapes /metrics at every sample (bench.soak_telemetry).
 Targets at N = 100,000: RSS fluctuation <= 2%, RSS growth <= 1%, live blocks 0.
+--embeddings runs the seed's claim instead: the real MiniLM weights through `fastllm serve` and
+/v1/embeddings, the server's RSS sampled (bench.soak_embeddings), with the same RSS targets.
 """
 
 from __future__ import annotations
@@ -76,6 +78,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=None, help="default 100000 (quick: 1000)")
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_REQUESTS} requests")
     parser.add_argument("--telemetry", action="store_true", help="with metrics + tracing sinks")
+    parser.add_argument(
+        "--embeddings", action="store_true", help="MiniLM through the server's /v1/embeddings"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--interval", type=int, default=None, help=argparse.SUPPRESS)
@@ -87,6 +92,17 @@ def main(argv: list[str] | None = None) -> None:
         args.interval = max(1, min(1000, args.requests // 20))
     if args.requests < 2 * args.interval:
         parser.error(f"--requests must be >= {2 * args.interval} to give samples past warm-up")
+    if args.embeddings:
+        from bench.soak_embeddings import run_embeddings_soak
+
+        result = run_embeddings_soak(args.requests, args.interval)
+        report = {**result["figures"], "embeddings": True}
+        rss_keys = ("rss_fluctuation_pct", "rss_growth_pct")
+        missed = [k for k in rss_keys if abs(report[k]) > TARGETS[k]]
+        if missed or report["failed_requests"]:
+            print(f"outside target: {', '.join(missed) or 'failed requests'}", file=sys.stderr)
+        print(json.dumps(report))
+        return
     path = args.cache_dir / "llama-tiny-seed0"
     if args.child is not None:
         torch.set_num_threads(args.threads)

@@ -119,6 +119,11 @@ def sample(num_requests: int, process: psutil.Process, stats: AllocatorStats) ->
     )
 
 
+def describe_policy(config: EngineConfig) -> str:
+    p = config.batch_policy
+    return f"band {p.min_util}-{p.max_util}, limit {p.min_batch}..{p.max_batch} from {p.initial}"
+
+
 def drive(
     engine: Engine,
     num_requests: int,
@@ -169,17 +174,9 @@ def run_soak(
 ) -> tuple[list[MemorySample], SoakFigures]:
     allocator = Allocator(AllocatorConfig() if pooled else UNPOOLED, device="cpu")
     sink = SamplingSink(interval)
-    # the batch limit pinned at 64: on CPU the busy fraction reads ~1 whenever work is queued, so
-    # the adaptive controller would shrink the batch to min_num_seqs and the soak would test
-    # one sequence at a time
-    config = EngineConfig(
-        model_path=model_path,
-        model_name="tiny",
-        device="cpu",
-        max_num_seqs=64,
-        min_num_seqs=64,
-        initial_num_seqs=64,
-    )
+    # the default batch policy (the adaptive controller, band 0.6-0.8, limit 1..64 from 16)
+    config = EngineConfig(model_path=model_path, model_name="tiny", device="cpu")
+    print(f"policy: defaults ({describe_policy(config)})", file=sys.stderr, flush=True)
     fanout = FanOut([sink])
     engine = Engine(config, fanout, allocator=allocator)
     engine.load()

@@ -25,6 +25,7 @@ def attach_telemetry(engine: Engine, fanout: FanOut, model_path: Path) -> Monito
         device=str(engine.loaded.device),
         models=[(config.model_name, config.model_version)],
         allocator_stats=engine.allocator_stats,
+        utilization=engine.utilization,
         busy_fraction=engine.busy_fraction,
         tracer_provider=create_tracer_provider(environ={}),
     )

@@ -96,6 +96,7 @@ def instrument(config: EngineConfig, model_path: Path, loaded: LoadedModel) -> I
         device=str(loaded.device),
         models=[(config.model_name, config.model_version)],
         allocator_stats=engine.allocator_stats,
+        utilization=engine.utilization,
         busy_fraction=engine.busy_fraction,
         tracer_provider=provider,
     )

@@ -14,8 +14,9 @@ from dashboards.common import (
 )
 
 UTILIZATION = f"fastllm_device_utilization_ratio{{{INSTANCE_SEL}}}"
-# Alerts fire below 50% and above 90% for 5 minutes; the controller aims for 60-80% by default and
-# 70-80% is the band operators want to see. Drawn as coloured bands on the utilization panel.
+BUSY = f"fastllm_device_busy_ratio{{{INSTANCE_SEL}}}"
+# Alerts fire below 50% and above 90% for 5 minutes; the controller holds u in 60-80% by default
+# (min_util, max_util) and 70-80% is the band operators want to see. Drawn as coloured bands.
 UTILIZATION_STEPS = [
     {"color": "blue", "value": None},
     {"color": "yellow", "value": 0.5},
@@ -23,45 +24,80 @@ UTILIZATION_STEPS = [
     {"color": "orange", "value": 0.8},
     {"color": "red", "value": 0.9},
 ]
+BUSY_STEPS = [{"color": "text", "value": None}]
 BATCH_BUCKETS = f"sum by (le) (rate(fastllm_batch_size_bucket{{{MODEL_SEL}}}[{RATE}]))"
 LIMIT = f"max(fastllm_batch_size_limit{{{MODEL_SEL}}})"
+# the duty cycle drawn dashed: a cross-check beside u, not the controller's input
+BUSY_OVERRIDE = {
+    "matcher": {"id": "byFrameRefID", "options": "B"},
+    "properties": [
+        {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
+        {"id": "custom.thresholdsStyle", "value": {"mode": "off"}},
+    ],
+}
 
 dashboard = make_dashboard(
     uid="fastllm-batching",
     title="fastllm / Batching",
-    description="Device utilization against the 50/70/80/90% thresholds, batch sizes against the "
-    "adaptive limit, queue wait and work stealing.",
+    description="Utilization (the share of saturation throughput the engine delivers) against "
+    "the 50/70/80/90% thresholds and the busy ratio, batch sizes against the adaptive limit, "
+    "queue wait and work stealing.",
     rows=[
         (
             9,
             [
                 (
-                    18,
+                    14,
                     TimeSeries(
-                        title="Device utilization",
-                        description="NVML on CUDA, engine busy fraction on CPU. Below 50% or "
-                        "above 90% for 5 minutes raises an alert; 70-80% is the target band.",
+                        title="Utilization vs band, and busy ratio",
+                        description="u: busy fraction x (throughput at the current batch / "
+                        "saturation throughput), from the engine's step-time model; the batch "
+                        "controller holds it in min_util-max_util (60-80%). Below 50% or above "
+                        "90% for 5 minutes raises an alert. Dashed: the duty cycle (NVML "
+                        "utilization.gpu on CUDA, engine busy fraction on CPU), ~100% under any "
+                        "backlog whatever the batch. Busy high with u low: small batches on a "
+                        "device that could do more per step.",
                         dataSource=PROMETHEUS,
-                        targets=[prom(UTILIZATION, "{{device}} {{instance}}")],
+                        targets=[
+                            prom(UTILIZATION, "u {{device}} {{instance}}", "A"),
+                            prom(BUSY, "busy {{device}} {{instance}}", "B"),
+                        ],
                         unit="percentunit",
                         valueMin=0,
                         valueMax=1,
                         thresholds=UTILIZATION_STEPS,
                         thresholdsStyleMode="line+area",
                         legendCalcs=["lastNotNull", "mean"],
+                        overrides=[BUSY_OVERRIDE],
                     ),
                 ),
                 (
-                    6,
+                    5,
                     Stat(
                         color={"mode": "thresholds"},
                         title="Utilization now",
+                        description="u, averaged over devices.",
                         dataSource=PROMETHEUS,
                         targets=[prom(f"avg({UTILIZATION})")],
                         format="percentunit",
                         reduceCalc="lastNotNull",
                         colorMode="background",
                         thresholds=UTILIZATION_STEPS,
+                        extraJson={"fieldConfig": {"defaults": {"min": 0, "max": 1}}},
+                    ),
+                ),
+                (
+                    5,
+                    Stat(
+                        color={"mode": "thresholds"},
+                        title="Busy ratio now",
+                        description="Duty cycle, averaged over devices: a cross-check of u.",
+                        dataSource=PROMETHEUS,
+                        targets=[prom(f"avg({BUSY})")],
+                        format="percentunit",
+                        reduceCalc="lastNotNull",
+                        colorMode="value",
+                        thresholds=BUSY_STEPS,
                         extraJson={"fieldConfig": {"defaults": {"min": 0, "max": 1}}},
                     ),
                 ),
@@ -75,8 +111,10 @@ dashboard = make_dashboard(
                     TimeSeries(
                         title="Batch size vs adaptive limit",
                         description="Sequences per engine step (p50, p99, mean) under the limit "
-                        "the policy sets. The limit grows while utilization is low and shrinks "
-                        "while it is high; batches pinned at the limit mean it is binding.",
+                        "the policy sets. While requests wait at the limit it grows when u is "
+                        "below min_util and shrinks above max_util; with nobody waiting it "
+                        "holds. A limit at max_num_seqs with u low: the cap (or the KV budget) "
+                        "limits the batch, not the policy.",
                         dataSource=PROMETHEUS,
                         targets=[
                             prom(f"histogram_quantile(0.5, {BATCH_BUCKETS})", "p50", "A"),

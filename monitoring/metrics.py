@@ -15,11 +15,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from runtime.engine.reasons import FailureReason, FinishReason
 
-# Every name of the contract table, as a scrape shows it (counters with their `_total`).
+# Every name of the contract table that every scrape shows (counters with their `_total`). The
+# table's `fastllm_device_tensor_active_ratio` is absent where NVML GPM is (CPU, pre-Hopper), so
+# it is in OPTIONAL_METRIC_NAMES: dashboards may not rely on it.
 CONTRACT_METRIC_NAMES: tuple[str, ...] = (
     "fastllm_memory_usage",
     "fastllm_memory_total",
     "fastllm_device_utilization_ratio",
+    "fastllm_device_busy_ratio",
     "fastllm_batch_size",
     "fastllm_batch_size_limit",
     "fastllm_num_requests_running",
@@ -39,6 +42,8 @@ CONTRACT_METRIC_NAMES: tuple[str, ...] = (
     "fastllm_inference_log_dropped_total",
     "fastllm_inference_log_queue_rows",
 )
+
+OPTIONAL_METRIC_NAMES: tuple[str, ...] = ("fastllm_device_tensor_active_ratio",)
 
 # Label values pre-initialised so that a scrape shows them at zero before any traffic.
 FINISHED_REASONS: tuple[str, ...] = tuple(r.value for r in FinishReason)
@@ -62,6 +67,7 @@ class FastllmMetrics:
 
     registry: CollectorRegistry
     device_utilization: Gauge
+    device_busy: Gauge
     batch_size: Histogram
     batch_size_limit: Gauge
     num_requests_running: Gauge
@@ -96,7 +102,16 @@ class FastllmMetrics:
             registry=r,
             device_utilization=Gauge(
                 "fastllm_device_utilization_ratio",
-                "Device utilization 0-1 (NVML on CUDA, engine busy fraction otherwise).",
+                "Share of the device's saturation throughput the engine delivers (0-1): busy "
+                "fraction x throughput at the current batch / at saturation. The batch "
+                "controller's input. NaN until the engine has a step-time model.",
+                ["device"],
+                registry=r,
+            ),
+            device_busy=Gauge(
+                "fastllm_device_busy_ratio",
+                "Duty cycle (0-1): NVML utilization.gpu on CUDA, the engine's busy fraction "
+                "otherwise. A cross-check: ~1 under any backlog whatever the batch.",
                 ["device"],
                 registry=r,
             ),

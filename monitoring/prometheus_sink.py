@@ -8,6 +8,7 @@ Nothing here is computed in the engine's hot loop: the engine hands over finishe
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -30,7 +31,8 @@ assert set(_TIER_FIELDS) == set(ALLOCATOR_EVENTS)
 
 class BusyWindow:
     """Engine busy fraction over the last `window_s` seconds, evaluated when asked (at scrape time),
-    so an idle engine reads 0 even though it emits no steps."""
+    so an idle engine reads 0 even though it emits no steps. The default of
+    `fastllm_device_busy_ratio` when nobody wires the engine's own tracker or NVML."""
 
     def __init__(self, window_s: float = 10.0) -> None:
         self.window_s = window_s
@@ -43,7 +45,7 @@ class BusyWindow:
             if self._first_ts is None:
                 self._first_ts = step.started_ts or (step.ts - step.busy_seconds)
             self._steps.append((step.ts, step.busy_seconds))
-            # prune here too: fraction() may never run (an NVML source wins), and one entry per
+            # prune here too: fraction() may never run (another busy source wins), and one entry per
             # step would otherwise grow without bound
             while self._steps and self._steps[0][0] < step.ts - self.window_s:
                 self._steps.popleft()
@@ -90,21 +92,39 @@ class PrometheusSink:
             metrics.init_labels(model, version)
         metrics.init_allocator_labels()
         metrics.init_log_labels()
-        self.set_utilization_source(self.busy.fraction, device)
+        self.set_utilization_source(lambda: None, device)
+        self.set_busy_source(self.busy.fraction, device)
 
     # --- wiring hooks ---------------------------------------------------------------------------
-    def set_utilization_source(self, read: Callable[[], float | None], device: str) -> None:
-        """Evaluate `fastllm_device_utilization_ratio{device}` at scrape time from `read` (NVML on
-        CUDA; the default is the engine busy fraction seen through StepStats)."""
+    def _move_device(self, device: str) -> None:
         if device != self.device:
             self.metrics.device_utilization.remove(self.device)
+            self.metrics.device_busy.remove(self.device)
             self.device = device
 
+    def set_utilization_source(self, read: Callable[[], float | None], device: str) -> None:
+        """Evaluate `fastllm_device_utilization_ratio{device}` at scrape time from `read` (the
+        engine's `utilization()`: the batch controller's input). None (no step-time model yet,
+        model not loaded) is exported as NaN: no comparison with it is true, so no alert fires
+        on a value nobody measured."""
+        self._move_device(device)
+
         def value() -> float:
-            ratio = read()  # None (source has no reading yet): the step-derived busy fraction
-            return self.busy.fraction() if ratio is None else float(ratio)
+            ratio = read()
+            return math.nan if ratio is None else float(ratio)
 
         self.metrics.device_utilization.labels(device).set_function(value)
+
+    def set_busy_source(self, read: Callable[[], float | None], device: str) -> None:
+        """Evaluate `fastllm_device_busy_ratio{device}` from `read` (NVML on CUDA, the engine's
+        busy fraction); when `read` has nothing, the busy fraction seen through StepStats."""
+        self._move_device(device)
+
+        def value() -> float:
+            ratio = read()
+            return self.busy.fraction() if ratio is None else float(ratio)
+
+        self.metrics.device_busy.labels(device).set_function(value)
 
     def set_steals_source(self, read: Callable[[], int]) -> None:
         """Pull mode: `read()` returns the pool's cumulative steal count (PoolStats.num_steals);

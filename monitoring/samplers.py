@@ -1,4 +1,4 @@
-"""Scrape-time samplers: memory per type and device utilization.
+"""Scrape-time samplers: memory per type (device activity: monitoring.device_activity).
 
 `MemoryCollector` is a prometheus_client custom collector: its `collect()` reads the numbers when
 Prometheus scrapes, so values are exact and nothing polls in the background. Both gauges carry only
@@ -131,18 +131,3 @@ def gpu_memory_source(device: str) -> MemoryReading | None:
         return total - free, total
 
     return read_torch
-
-
-def nvml_utilization_source(device: str) -> Callable[[], float | None] | None:
-    """NVML GPU utilization (0-1) of a CUDA device; None on CPU or without NVML (the caller then
-    keeps the engine busy fraction)."""
-    index = _cuda_index(device)
-    handle = None if index is None else _nvml_handle(index)
-    if handle is None:
-        return None
-    import pynvml
-
-    def read() -> float | None:
-        return float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu) / 100.0
-
-    return read

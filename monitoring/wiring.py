@@ -12,9 +12,15 @@ from typing import Any
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, make_asgi_app
 
+from monitoring.device_activity import (
+    TENSOR_ACTIVE_HELP,
+    DeviceRatioCollector,
+    GpmTensorActivity,
+    nvml_busy_source,
+)
 from monitoring.metrics import FastllmMetrics
 from monitoring.prometheus_sink import PrometheusSink
-from monitoring.samplers import MemoryCollector, gpu_memory_source, nvml_utilization_source
+from monitoring.samplers import MemoryCollector, gpu_memory_source
 from monitoring.tracing import TracingSink, create_tracer_provider
 from runtime.config import Settings
 from runtime.engine.stats import AllocatorStats, StatsSink
@@ -61,13 +67,16 @@ def create_monitoring(
     device: str = "cpu",
     models: list[tuple[str, str]] | None = None,
     allocator_stats: Callable[[], AllocatorStats | None] | None = None,
+    utilization: Callable[[], float | None] | None = None,
     busy_fraction: Callable[[], float | None] | None = None,
     anomaly_threshold: float | None = None,
     tracer_provider: TracerProvider | None = None,
     is_legacy: bool = False,
 ) -> Monitoring:
-    """`device` is the resolved device ("cpu", "cuda:0"); on CUDA memory and utilization come from
-    NVML (torch.cuda as a fallback for memory); otherwise from `busy_fraction` or the step stats."""
+    """`device` is the resolved device ("cpu", "cuda:0"). `utilization` is the engine's own u (the
+    batch controller's input: fastllm_device_utilization_ratio, NaN without it). The busy ratio is
+    NVML's duty cycle on CUDA, else `busy_fraction`, else the step stats; tensor activity is NVML
+    GPM where the device has it, absent elsewhere. Memory: NVML on CUDA (torch.cuda fallback)."""
     registry = CollectorRegistry(auto_describe=True)
     metrics = FastllmMetrics.create(registry, latency_buckets_s=settings.latency_buckets_s)
     if models is None:
@@ -79,9 +88,21 @@ def create_monitoring(
     prometheus = PrometheusSink(metrics, models=models, device=device, **sink_kwargs)
     if allocator_stats is not None:
         prometheus.set_allocator_source(allocator_stats)
-    utilization = nvml_utilization_source(device) or busy_fraction
     if utilization is not None:
         prometheus.set_utilization_source(utilization, device)
+    busy = nvml_busy_source(device) or busy_fraction
+    if busy is not None:
+        prometheus.set_busy_source(busy, device)
+    tensor_active = GpmTensorActivity.open(device)
+    if tensor_active is not None:
+        registry.register(
+            DeviceRatioCollector(
+                "fastllm_device_tensor_active_ratio",
+                TENSOR_ACTIVE_HELP,
+                device,
+                tensor_active.read,
+            )
+        )
     memory = MemoryCollector(
         allocator_stats=allocator_stats,
         allocator_total_bytes=settings.kv_cache_bytes,

@@ -86,11 +86,24 @@ class Settings(BaseSettings):
     )
 
     # --- adaptive batch policy -----------------------------------------------------------------
-    min_util: float = Field(0.6, ge=0.0, le=1.0)
-    max_util: float = Field(0.8, ge=0.0, le=1.0)
+    # utilization = share of the device's saturation throughput delivered (docs/batching.md)
+    min_util: float = Field(
+        0.6, ge=0.0, le=1.0, description="below this utilization the batch limit grows 20%"
+    )
+    max_util: float = Field(
+        0.8,
+        ge=0.0,
+        le=1.0,
+        description="above this utilization the batch limit shrinks 10%; the default band keeps "
+        "steps short at some cost in peak throughput: raise it (e.g. 0.95) to favour throughput, "
+        "lower it to favour latency",
+    )
     step_up: float = Field(0.2, gt=0.0, le=1.0)
     step_down: float = Field(0.1, gt=0.0, le=1.0)
     control_interval_s: float = Field(1.0, gt=0.0)
+    batch_warmup: bool = Field(
+        True, description="at load, run a few batch sizes to seed the step-time model"
+    )
 
     # --- server ------------------------------------------------------------------------------
     host: str = "127.0.0.1"

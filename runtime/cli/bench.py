@@ -15,7 +15,16 @@ import click
 
 from runtime.errors import ConfigError
 
-BENCHMARKS = ("generate", "allocator", "soak", "serving", "http", "telemetry", "storage")
+BENCHMARKS = (
+    "generate",
+    "allocator",
+    "soak",
+    "serving",
+    "http",
+    "telemetry",
+    "storage",
+    "batching",
+)
 
 
 @click.command(name="bench", context_settings={"ignore_unknown_options": True})

@@ -15,7 +15,7 @@ sampling.py      SamplingParams (validated on construction) and the sampler
 stopping.py      stop conditions and the text a sequence may emit so far
 load_once.py     the call-once contract for model loading
 embed.py         embeddings for encoder models
-batching/        the adaptive batch policy: controller and its utilization sources
+batching/        the adaptive batch policy: controller, step-time model, throughput signal, warm-up
 
 This package stays light on import (no torch here) so sinks can import `runtime.engine.stats`.
 """

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.engine.batching.controller import AdaptiveBatchController, BusyTracker
+from runtime.engine.batching.warmup import WarmupPlan, run_warmup
 from runtime.engine.config import EngineConfig
 from runtime.engine.core import EngineCore
 from runtime.engine.model_runner import ModelRunner
@@ -95,6 +96,9 @@ def build_parts(
         controller,
         core,
     )
+    if config.batch_warmup and loaded.is_causal_lm:  # seeds the step-time model (see warmup)
+        plan = WarmupPlan.for_max_batch(controller.config.max_batch)
+        run_warmup(core, loaded.tokenizer, plan, args.vocab_size)
     if config.debug_leak_blocks_per_request > 0:
         core.on_close = _debug_leaker(parts, config.debug_leak_blocks_per_request)
     return parts

@@ -32,6 +32,7 @@ class EngineConfig:
     step_up: float = 0.2
     step_down: float = 0.1
     control_interval_s: float = 1.0
+    batch_warmup: bool = True  # at load, a short sweep of batch sizes seeds the step-time model
     idle_wait_s: float = 0.05  # how long the loop sleeps when nothing can run (timeouts still fire)
     heap_trim_interval_s: float = 5.0  # malloc_trim between steps at most this often; 0: never
     debug_leak_blocks_per_request: int = 0  # debug: allocator blocks leaked on purpose per request
@@ -69,6 +70,7 @@ class EngineConfig:
             "step_up": settings.step_up,
             "step_down": settings.step_down,
             "control_interval_s": settings.control_interval_s,
+            "batch_warmup": settings.batch_warmup,
             "heap_trim_interval_s": settings.heap_trim_interval_s,
             "debug_leak_blocks_per_request": settings.debug_leak_blocks_per_request,
         }

@@ -144,6 +144,7 @@ class EngineCore:
                 self.expire(time.monotonic())
                 limit = self.controller.maybe_update(time.monotonic())
                 batch = self.scheduler.schedule(limit)
+                binds = self._limit_binds(limit)
                 if batch.is_empty:
                     records, self.records = self.records, []
                     if not records:
@@ -151,14 +152,36 @@ class EngineCore:
                 else:
                     self.in_flight = {item.seq.request_id for item in batch.items}
             if not batch.is_empty:
-                self._step(batch, limit)
+                self._step(batch, limit, binds)
             elif records:
                 self.emit(None, records)
             # between steps and outside the lock: the heap's free pages back to the OS now and
             # then, so RSS follows what is in use instead of the heap's fragmented high-water mark
             self.trimmer.maybe_trim(time.monotonic())
 
-    def _step(self, batch: SchedulerOutput, limit: int) -> None:
+    def _limit_binds(self, limit: int) -> bool:
+        """After schedule(): requests left waiting with the batch at the limit (see StepStats)."""
+        return self.scheduler.num_waiting > 0 and self.scheduler.num_running >= limit
+
+    def step_once(self, limit: int) -> bool:
+        """One step in the calling thread (the load-time warm-up, before the loop starts);
+        False when nothing could be scheduled."""
+        assert self._thread is None, "step_once is for before start()"
+        with self.lock:
+            batch = self.scheduler.schedule(limit)
+            binds = self._limit_binds(limit)
+            if batch.is_empty:
+                return False
+            self.in_flight = {item.seq.request_id for item in batch.items}
+        self._step(batch, limit, binds)
+        return True
+
+    def _step(self, batch: SchedulerOutput, limit: int, binds: bool = False) -> None:
+        pairs = sum(  # before the update moves num_computed_tokens (see StepStats)
+            item.num_new_tokens * item.seq.num_computed_tokens
+            + item.num_new_tokens * (item.num_new_tokens + 1) // 2
+            for item in batch.items
+        )
         started_ts, t0 = time.time(), time.perf_counter()
         error: Exception | None = None
         try:
@@ -198,8 +221,12 @@ class EngineCore:
                 started_ts=started_ts,
                 model=self.config.model_name,
                 version=self.config.model_version,
+                num_attention_pairs=pairs,
+                limit_binds=binds,
             )
             records, self.records = self.records, []
+        if error is None:  # a failed step's time says nothing about the cost of its work
+            self.controller.observe(step)
         self.emit(step, records)
 
     def emit(self, step: StepStats | None, records: list[RequestStats]) -> None:

@@ -26,7 +26,7 @@ from runtime.engine.batching.controller import (
     AdaptiveBatchController,
     BatchPolicyConfig,
     BusyTracker,
-    make_utilization_source,
+    ThroughputUtilization,
 )
 from runtime.engine.build import EngineParts, build_parts, default_loader
 from runtime.engine.config import EngineConfig
@@ -79,7 +79,8 @@ class Engine:
     # --- loading ---------------------------------------------------------------------------------
     def _build(self) -> EngineParts:
         loaded = self._loader()
-        source = make_utilization_source(str(loaded.device), self.busy_fraction)
+        # the same engine-measured signal on every device (NVML is a cross-check in monitoring)
+        source = ThroughputUtilization(busy=self._tracker, window_s=self.config.control_interval_s)
         controller = AdaptiveBatchController(self.config.batch_policy, source)
         parts = build_parts(
             self.config, loaded, controller, self._tracker, self.sink, self._allocator
@@ -271,6 +272,10 @@ class Engine:
     def busy_fraction(self) -> float | None:
         """Share of the last control interval the engine spent in the model forward."""
         return self._tracker.fraction()
+
+    def utilization(self) -> float | None:
+        """u, the batch controller's input: busy fraction x share of saturation throughput."""
+        return self._parts.controller.source.read() if self.is_loaded else None
 
     @property
     def is_draining(self) -> bool:

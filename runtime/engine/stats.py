@@ -42,6 +42,12 @@ class StepStats:
     model: str = ""
     version: str = ""
     num_sampled: int = 0  # sequences that sampled a token (logits computed for these rows only)
+    # query-key pairs the step's attention scored: a chunk of m new tokens after p cached ones
+    # adds m * p + m * (m + 1) / 2 (a decode at context L adds L): the step-time model's context
+    num_attention_pairs: int = 0
+    # at schedule time requests were left waiting with the batch at the limit: a larger limit would
+    # have batched more (the batch controller holds while the limit does not bind)
+    limit_binds: bool = False
 
 
 @dataclass

@@ -94,6 +94,7 @@ def attach_telemetry(state: ServerState) -> None:
         device=str(resolve_device(settings.device)),
         models=[(model, version) for model, version, _ in engines],
         allocator_stats=allocator_stats,
+        utilization=primary.utilization,
         busy_fraction=primary.busy_fraction,
         anomaly_threshold=anomaly_threshold(settings),
     )

@@ -303,6 +303,11 @@ class ReplicaSet:
         values = [v for v in (e.busy_fraction() for e in self.replicas) if v is not None]
         return sum(values) / len(values) if values else None
 
+    def utilization(self) -> float | None:
+        """Mean u of the replicas that have one (each replica's controller reads its own)."""
+        values = [v for v in (e.utilization() for e in self.replicas) if v is not None]
+        return sum(values) / len(values) if values else None
+
     def shutdown(self, drain_timeout_s: float = 0.0) -> None:
         """Stop admitting; queued requests get the grace to reach a replica (the rest fail with
         ServiceUnavailable), then every replica drains within what is left of it, in parallel."""

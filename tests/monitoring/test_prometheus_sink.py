@@ -128,9 +128,16 @@ def test_busy_window_and_external_utilization(sink: PrometheusSink) -> None:
         window.add(syn.step(k, ts=now - 11 + 2 * k, busy_seconds=1.0))
     assert window.fraction(now) == pytest.approx(5.0 / 10.0)
     assert window.fraction(now + 100) == 0.0  # idle: every step has left the window
+    cpu_u = value(sink, "fastllm_device_utilization_ratio", device="cpu")
+    assert cpu_u is not None and math.isnan(cpu_u)  # no engine signal wired: NaN, not a guess
     sink.set_utilization_source(lambda: 0.75, "cuda:0")
     assert value(sink, "fastllm_device_utilization_ratio", device="cuda:0") == 0.75
     assert value(sink, "fastllm_device_utilization_ratio", device="cpu") is None
+    sink.set_busy_source(lambda: None, "cuda:0")  # NVML without a reading: the step busy share
+    assert value(sink, "fastllm_device_busy_ratio", device="cuda:0") == sink.busy.fraction()
+    assert value(sink, "fastllm_device_busy_ratio", device="cpu") is None
+    sink.set_busy_source(lambda: 0.97, "cuda:0")
+    assert value(sink, "fastllm_device_busy_ratio", device="cuda:0") == 0.97
 
 
 def test_allocator_source_fills_steps_without_allocator_stats(sink: PrometheusSink) -> None:

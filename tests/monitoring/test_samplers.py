@@ -4,7 +4,7 @@ import psutil
 import pytest
 from prometheus_client import CollectorRegistry
 
-from monitoring.samplers import MemoryCollector, gpu_memory_source, nvml_utilization_source
+from monitoring.samplers import MemoryCollector, gpu_memory_source
 from runtime.engine.stats import AllocatorStats
 from tests.monitoring import synthetic as syn
 
@@ -37,7 +37,6 @@ def test_allocator_memory_is_read_at_scrape_time() -> None:
 
 def test_gpu_type_absent_on_cpu_present_with_a_source() -> None:
     assert gpu_memory_source("cpu") is None
-    assert nvml_utilization_source("cpu") is None
     registry = CollectorRegistry()
     registry.register(MemoryCollector(gpu=gpu_memory_source("cpu")))
     assert memory(registry, "fastllm_memory_usage", "gpu") is None
@@ -72,7 +71,3 @@ def test_gpu_memory_on_cuda_matches_torch() -> None:
     assert total == torch_total
     assert 0 < used <= total
     assert abs(used - (torch_total - free)) < 0.05 * total
-    utilization = nvml_utilization_source("cuda:0")
-    if utilization is not None:
-        ratio = utilization()
-        assert ratio is not None and 0.0 <= ratio <= 1.0

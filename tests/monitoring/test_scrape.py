@@ -23,6 +23,7 @@ CONTRACT: dict[str, tuple[str, set[str]]] = {
     "fastllm_memory_usage": ("gauge", {"type"}),
     "fastllm_memory_total": ("unknown", {"type"}),
     "fastllm_device_utilization_ratio": ("gauge", {"device"}),
+    "fastllm_device_busy_ratio": ("gauge", {"device"}),
     "fastllm_batch_size": ("histogram", {"model", "version"}),
     "fastllm_batch_size_limit": ("gauge", {"model", "version"}),
     "fastllm_num_requests_running": ("gauge", {"model", "version"}),

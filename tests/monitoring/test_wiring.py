@@ -79,7 +79,7 @@ def test_create_monitoring_wires_build_info_and_sinks() -> None:
     settings = Settings(
         model_name="m", model_version="v1", dtype="bfloat16", trace_sample_ratio=0.5
     )
-    mon = create_monitoring(settings, busy_fraction=lambda: 0.42)
+    mon = create_monitoring(settings, utilization=lambda: 0.42, busy_fraction=lambda: 0.97)
     registry = mon.registry
     labels = {
         "version": package_version(),
@@ -90,6 +90,9 @@ def test_create_monitoring_wires_build_info_and_sinks() -> None:
     }
     assert registry.get_sample_value("fastllm_build_info", labels) == 1
     assert registry.get_sample_value("fastllm_device_utilization_ratio", {"device": "cpu"}) == 0.42
+    assert registry.get_sample_value("fastllm_device_busy_ratio", {"device": "cpu"}) == 0.97
+    # GPM exists on CUDA Hopper+ only: on CPU the tensor-activity series is absent, not faked
+    assert b"fastllm_device_tensor_active_ratio" not in mon.render()
     # the served (model, version) is visible at zero before any traffic
     zero = {"model": "m", "version": "v1", "reason": "overloaded"}
     assert registry.get_sample_value("fastllm_request_failure_total", zero) == 0

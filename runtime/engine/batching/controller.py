@@ -7,7 +7,15 @@ Control law, evaluated once per control interval from one utilization reading u:
     otherwise     ->  hold;   u = None (no data) -> hold
     limit is then clamped to [min_batch, max_batch].
 
-Growing faster than shrinking finds headroom quickly and backs off gently.
+Growing faster than shrinking finds headroom quickly and backs off gently. u is the share of the
+device's saturation throughput the engine delivers (runtime.engine.batching.throughput): it rises
+with the batch, so the limit settles at the knee of the throughput curve. A source that also gives
+the demand (`DemandSignal`) makes the controller hold
+- while the limit does not bind ("idle"): nothing waits for a place in the batch, so changing the
+  limit would change nothing but the limit (idle periods do not ratchet it to the maximum);
+- instead of shrinking while the batch in flight is still above the limit ("draining"): running
+  sequences are never evicted, so a shrink takes effect only as they finish, and shrinking again
+  meanwhile would ratchet the limit down without the batch following.
 `set_batch_policy(min_util, max_util, step_size)` sets the band and BOTH step sizes to
 `step_size` (the DESIGN.md call passes a single step); it is applied at the next evaluation,
 never between two.
@@ -21,16 +29,19 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
+from runtime.engine.batching.step_model import StepTimeModel
+from runtime.engine.batching.throughput import ThroughputUtilization
 from runtime.engine.batching.utilization import (
     BusyFractionSource,
     BusyTracker,
+    Demand,
+    DemandSignal,
     FakeUtilization,
-    NvmlUtilization,
     UtilizationSource,
-    make_utilization_source,
 )
+from runtime.engine.stats import StepStats
 from runtime.errors import ConfigError, InvalidRequestError
 
 __all__ = [
@@ -40,12 +51,20 @@ __all__ = [
     "BatchPolicyConfig",
     "BusyFractionSource",
     "BusyTracker",
+    "Demand",
+    "DemandSignal",
     "FakeUtilization",
-    "NvmlUtilization",
+    "StepObserver",
+    "StepTimeModel",
+    "ThroughputUtilization",
     "UtilizationSource",
-    "make_utilization_source",
     "next_limit",
 ]
+
+
+@runtime_checkable
+class StepObserver(Protocol):
+    def observe(self, step: StepStats) -> None: ...
 
 
 def _check_band(
@@ -129,7 +148,7 @@ class BatchDecision:
     utilization: float | None
     old_limit: int
     new_limit: int
-    action: str  # grow | shrink | hold | no_data | bound
+    action: str  # grow | shrink | hold | no_data | bound | idle | draining (see module doc)
 
 
 @dataclass(frozen=True)
@@ -141,6 +160,8 @@ class BatchControllerStats:
     num_shrinks: int
     num_holds: int  # hold + bound
     num_no_data: int
+    num_idle: int  # held because the limit did not bind
+    num_draining: int  # held a shrink while the batch was still above the limit
     last_utilization: float | None
     recent: tuple[BatchDecision, ...]  # newest last
 
@@ -154,17 +175,25 @@ class AdaptiveBatchController:
         config: BatchPolicyConfig | None = None,
         source: UtilizationSource | None = None,
         *,
+        demand: DemandSignal | None = None,
         clock: Callable[[], float] = time.monotonic,
         history: int = 256,
     ) -> None:
+        """`demand`: whether the limit binds; default: the source itself when it can tell."""
         self._config = config or BatchPolicyConfig()
         self._source: UtilizationSource = source or FakeUtilization(None)
+        if demand is None and isinstance(self._source, DemandSignal):
+            demand = self._source
+        self._demand = demand
+        # checked once: a runtime protocol check costs more than the rest of a step's bookkeeping
+        self._observer = self._source if isinstance(self._source, StepObserver) else None
         self._clock = clock
         self._limit = self._config.initial
         self._next_eval: float | None = None  # set by the first maybe_update: a full interval first
         self._lock = threading.Lock()
         self._recent: deque[BatchDecision] = deque(maxlen=history)
-        self._counts = dict.fromkeys(("grow", "shrink", "hold", "bound", "no_data"), 0)
+        actions = ("grow", "shrink", "hold", "bound", "no_data", "idle", "draining")
+        self._counts = dict.fromkeys(actions, 0)
         self._last_util: float | None = None
 
     @classmethod
@@ -204,14 +233,26 @@ class AdaptiveBatchController:
     def update(self, now: float | None = None) -> int:
         """Evaluate the law once, right now (tests and manual control)."""
         now = self._clock() if now is None else now
-        utilization = self._source.read()  # outside the lock: NVML may take a moment
+        utilization = self._source.read()  # outside the lock: a source may take a moment
+        demand = self._demand.demand() if self._demand is not None else None
         with self._lock:
             old = self._limit
-            self._limit, action = next_limit(old, utilization, self._config)
+            new, action = next_limit(old, utilization, self._config)
+            if utilization is not None and demand is not None and not demand.limit_binds:
+                action = "idle"
+            elif action == "shrink" and demand is not None and (demand.num_seqs or 0) > old:
+                action = "draining"
+            else:
+                self._limit = new
             self._counts[action] += 1
             self._last_util = utilization
             self._recent.append(BatchDecision(now, utilization, old, self._limit, action))
             return self._limit
+
+    def observe(self, step: StepStats) -> None:
+        """Every engine step's stats, for a source that learns from them (the step-time model)."""
+        if self._observer is not None:
+            self._observer.observe(step)
 
     def set_batch_policy(self, min_util: float, max_util: float, step_size: float) -> None:
         """Change the band and both step sizes at run time; used from the next evaluation on.
@@ -238,6 +279,8 @@ class AdaptiveBatchController:
                 num_shrinks=c["shrink"],
                 num_holds=c["hold"] + c["bound"],
                 num_no_data=c["no_data"],
+                num_idle=c["idle"],
+                num_draining=c["draining"],
                 last_utilization=self._last_util,
                 recent=tuple(self._recent),
             )

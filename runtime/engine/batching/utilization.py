@@ -1,25 +1,41 @@
-"""Where the adaptive batch policy reads device utilization from (a 0–1 ratio, or None = no data).
+"""The utilization-source protocol (a 0–1 ratio, or None = no data) and its simple members.
 
-- `NvmlUtilization`: NVML's "GPU busy" ratio on CUDA (percent of the last sample period, 1/6–1 s,
-  in which any kernel ran).
-- `BusyFractionSource` + `BusyTracker`: on CPU the engine reports the seconds it spent in
-  `execute()`; the fraction of wall time that was busy over a window stands in for utilization.
+- `BusyTracker`: the engine reports the seconds it spent in `execute()`; `fraction()` is the busy
+  share of a trailing window (a duty cycle: the engine's busy fraction, exported as
+  `fastllm_device_busy_ratio` on CPU and one factor of the controller's input).
+- `BusyFractionSource`: a callable as a source (e.g. `engine.busy_fraction`).
 - `FakeUtilization`: settable or scripted, for tests.
 
-`runtime.engine.batching.controller` re-exports all of these; import them from there.
+The engine's controller reads `ThroughputUtilization` (runtime.engine.batching.throughput); NVML's
+duty cycle and GPM tensor activity are cross-checks read by `monitoring`, never the input: a duty
+cycle reads ~1 under any backlog whatever the batch. `runtime.engine.batching.controller`
+re-exports all of these; import them from there.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from runtime.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Demand:
+    """Whether the batch limit is what holds the engine back, over the source's window."""
+
+    limit_binds: bool  # most steps left requests waiting with the batch at the limit
+    num_seqs: int | None  # sequences in the latest step (None: no step in the window)
+
+
+@runtime_checkable
+class DemandSignal(Protocol):
+    def demand(self) -> Demand: ...
 
 
 @runtime_checkable
@@ -110,74 +126,3 @@ class BusyFractionSource:
 
     def read(self) -> float | None:
         return _clean(self._fn())
-
-
-def _nvml_index(device: str | int) -> int | str:
-    """NVML numbers physical GPUs; torch's `cuda:N` counts only CUDA_VISIBLE_DEVICES. Map N back to
-    the physical index (or to a `GPU-…` UUID when the variable lists UUIDs)."""
-    if isinstance(device, int):
-        n = device
-    else:
-        _, _, idx = device.partition(":")
-        n = int(idx) if idx else 0
-    visible = [
-        v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()
-    ]
-    if n < len(visible):
-        entry = visible[n]
-        return int(entry) if entry.isdigit() else entry
-    return n
-
-
-class NvmlUtilization:
-    """GPU utilization from NVML (`nvidia-ml-py`). `device` is a torch-style index or "cuda:N".
-
-    Construction raises ConfigError naming the cause when NVML or the device is unavailable; a read
-    that fails later (driver hiccup, device lost) returns None so the controller simply holds.
-    """
-
-    def __init__(self, device: str | int = 0) -> None:
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-        except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, DriverNotLoaded, ...
-            raise ConfigError(f"NVML is unavailable (no NVIDIA driver?): {exc}") from exc
-        self._nvml: Any = pynvml
-        target = _nvml_index(device)
-        try:
-            if isinstance(target, int):
-                self._handle = pynvml.nvmlDeviceGetHandleByIndex(target)
-            else:
-                self._handle = pynvml.nvmlDeviceGetHandleByUUID(target)
-        except Exception as exc:
-            pynvml.nvmlShutdown()
-            raise ConfigError(f"NVML has no device {target!r}: {exc}", param="device") from exc
-        self.device = target
-        self._closed = False
-
-    def read(self) -> float | None:
-        if self._closed:
-            return None
-        try:
-            rates = self._nvml.nvmlDeviceGetUtilizationRates(self._handle)
-        except Exception:  # NVMLError: report "no data" rather than failing the engine loop
-            return None
-        return _clean(rates.gpu / 100.0)
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._nvml.nvmlShutdown()
-
-
-def make_utilization_source(
-    device: str, busy_fraction: Callable[[], float | None]
-) -> UtilizationSource:
-    """NVML on a CUDA device when NVML works, else the engine's busy fraction."""
-    if device.startswith("cuda"):
-        try:
-            return NvmlUtilization(device)
-        except ConfigError:
-            pass
-    return BusyFractionSource(busy_fraction)

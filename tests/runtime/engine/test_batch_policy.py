@@ -14,6 +14,7 @@ from runtime.config import load_settings
 from runtime.engine.batching.controller import (
     AdaptiveBatchController,
     BatchPolicyConfig,
+    Demand,
     FakeUtilization,
     UtilizationSource,
 )
@@ -315,3 +316,29 @@ def test_fake_source_is_a_utilization_source() -> None:
     src = FakeUtilization(script=[0.1, 1.7, float("nan"), -0.2])
     assert isinstance(src, UtilizationSource)
     assert [src.read() for _ in range(5)] == [0.1, 1.0, None, 0.0, 0.0]
+
+
+class FixedDemand:
+    def __init__(self, limit_binds: bool, num_seqs: int | None) -> None:
+        self.value = Demand(limit_binds, num_seqs)
+
+    def demand(self) -> Demand:
+        return self.value
+
+
+def test_holds_while_the_limit_does_not_bind_and_while_a_shrink_drains() -> None:
+    source = FakeUtilization(0.1)
+    demand = FixedDemand(limit_binds=False, num_seqs=3)
+    ctl = AdaptiveBatchController(BatchPolicyConfig(initial=10), source, demand=demand)
+    assert [ctl.update(float(t)) for t in range(3)] == [10, 10, 10]  # low u, nobody waiting
+    assert ctl.stats().recent[-1].action == "idle" and ctl.stats().num_idle == 3
+    demand.value = Demand(limit_binds=True, num_seqs=10)
+    assert ctl.update(3.0) == 12  # now it binds: grow
+    source.set(0.95)
+    demand.value = Demand(limit_binds=True, num_seqs=14)  # the batch is still above the limit
+    assert ctl.update(4.0) == 12 and ctl.stats().recent[-1].action == "draining"
+    demand.value = Demand(limit_binds=True, num_seqs=12)  # it has caught up: shrink again
+    assert ctl.update(5.0) == 11
+    source.set(None)
+    assert ctl.update(6.0) == 11 and ctl.stats().recent[-1].action == "no_data"
+    assert ctl.stats().num_draining == 1
