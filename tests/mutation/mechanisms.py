@@ -65,6 +65,28 @@ MECHANISMS: tuple[Mechanism, ...] = (
             "tests/storage/test_audit.py::test_default_thresholds_loosen_with_lower_precision",
             "tests/runtime/server/test_thresholds.py",
         ),
+        equivalent={
+            "runtime.verify.x_is_sampled__mutmut_1": "`rate < 0` for `<= 0`: at rate 0 the hash"
+            " test `h < 0` is never true either",
+            "runtime.verify.x_is_sampled__mutmut_4": "`rate > 1` for `>= 1`: at rate 1 the hash"
+            " test `h < 2**64` always holds (an 8-byte digest)",
+            "runtime.verify.x_is_sampled__mutmut_5": "`rate >= 2` for `>= 1`: for 1 <= rate < 2"
+            " the hash test always holds too",
+            "runtime.verify.x_is_sampled__mutmut_16": "int.from_bytes without byteorder: 'big' is"
+            " the default (Python >= 3.11)",
+            "runtime.verify.x_is_sampled__mutmut_19": "`<=` for `<` against rate * 2**64: differs"
+            " only for a request id whose 64-bit hash equals that number exactly",
+            "runtime.verify.xǁVerifierǁsubmit_sequence__mutmut_26": "typing.cast's type argument"
+            " does nothing at run time",
+            "runtime.verify.xǁVerifierǁsubmit_sequence__mutmut_30": "typing.cast's type argument"
+            " does nothing at run time",
+            "runtime.verify.xǁVerifierǁsubmit_sequence__mutmut_31": "typing.cast's type argument"
+            " does nothing at run time",
+            "runtime.verify.xǁVerifierǁsubmit_sequence__mutmut_32": "typing.cast's type argument"
+            " does nothing at run time",
+            "runtime.verify.xǁVerifierǁ_verify__mutmut_1": "`ok = None` for `ok = False`: only its"
+            " truth is read",
+        },
     ),
     Mechanism(
         "alerts",
