@@ -157,6 +157,9 @@ def test_a_failing_sink_counts_the_batch_as_failed(fake: FakeReference) -> None:
         verifier.submit(job("r1"))
         assert verifier.flush(timeout=30)
         assert (verifier.num_failed, verifier.num_verified, verifier.num_done) == (1, 0, 1)
+        verifier.submit(job("r2"))  # a second failed batch adds up
+        assert verifier.flush(timeout=30)
+        assert (verifier.num_failed, verifier.num_verified, verifier.num_done) == (2, 0, 2)
     assert not verifier._thread.is_alive()  # the context manager closed it
 
 
