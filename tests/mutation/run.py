@@ -82,9 +82,12 @@ def mutmut_config(mechanism: Mechanism, children_tests: tuple[str, ...]) -> str:
             # log calls say things to people; no test reads them, so they are not mutated
             f"do_not_mutate_patterns = {toml_list(list(NOT_MUTATED))}",
             "use_git_change_detection = false",
-            # a mutant that hangs is stopped after 3x its tests' CPU time (mutmut's default 15x
-            # makes every hanging mutant of the model-backed tests cost minutes)
-            "timeout_multiplier = 3.0",
+            # a mutant that hangs is stopped after (its tests' time + 15 s) x 4 of wall time:
+            # mutmut's default (t + 1 s) x 15 makes a hanging mutant of the model-backed tests
+            # cost many minutes, and a small constant stops healthy runs of fast tests on a
+            # loaded machine (pytest's own start in the worker takes seconds there)
+            "timeout_multiplier = 4.0",
+            "timeout_constant = 15.0",
             "",
         ]
     )

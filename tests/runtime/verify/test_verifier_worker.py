@@ -6,6 +6,7 @@ close (what is left is dropped and counted), and sampling by request id."""
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -156,6 +157,9 @@ def test_a_failing_sink_counts_the_batch_as_failed(fake: FakeReference) -> None:
         verifier.submit(job("r1"))
         assert verifier.flush(timeout=30)
         assert (verifier.num_failed, verifier.num_verified, verifier.num_done) == (1, 0, 1)
+        verifier.submit(job("r2"))  # a second failed batch adds up
+        assert verifier.flush(timeout=30)
+        assert (verifier.num_failed, verifier.num_verified, verifier.num_done) == (2, 0, 2)
     assert not verifier._thread.is_alive()  # the context manager closed it
 
 
@@ -218,3 +222,30 @@ def test_sampling_by_request_id_follows_the_rate() -> None:
     assert all(is_sampled(i, 1.5) for i in ids[:50]) and not any(is_sampled(i, -1) for i in ids)
     verifier = Verifier(sample_rate=0.5, autostart=False)
     assert [verifier.should_verify(i) for i in ids[:200]] == [i in half for i in ids[:200]]
+
+
+def test_busy_and_cpu_seconds_add_up_over_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The benchmark counters accumulate: a CPU-heavy batch then a light one. (Only invariants
+    are asserted: sums never shrink and never exceed what the worker thread can have used.)"""
+    thread_cpu_after: list[float] = []
+
+    def reference(jobs: list[VerifyJob]) -> list[VerificationResult]:
+        if jobs[0].request_id == "heavy":
+            start = time.thread_time()
+            while time.thread_time() - start < 0.2:  # burn CPU in the worker thread
+                pass
+        thread_cpu_after.append(time.thread_time())
+        return []
+
+    monkeypatch.setattr(verify, "verify_jobs", reference)
+    wall_start = time.perf_counter()
+    verifier = Verifier(Sink(), sample_rate=1.0)
+    verifier.submit(job("heavy"))
+    assert verifier.flush(timeout=30)
+    busy_1, cpu_1 = verifier.busy_seconds, verifier.cpu_seconds
+    verifier.submit(job("light"))
+    assert verifier.flush(timeout=30)
+    verifier.close()
+    wall = time.perf_counter() - wall_start
+    assert 0 < busy_1 <= verifier.busy_seconds <= wall
+    assert 0 < cpu_1 <= verifier.cpu_seconds <= thread_cpu_after[-1]
