@@ -52,7 +52,8 @@ WORKDIR /home/fastllm
 ENV FASTLLM_HOST=0.0.0.0 \
     FASTLLM_PORT=8000 \
     FASTLLM_MODEL_PATH=/models/default \
-    FASTLLM_DATABASE_URL=sqlite:////var/lib/fastllm/fastllm.db
+    FASTLLM_DATABASE_URL=sqlite:////var/lib/fastllm/fastllm.db \
+    FASTLLM_LOG_SPOOL_PATH=/var/lib/fastllm/inference_log.spool.jsonl
 
 EXPOSE 8000
 

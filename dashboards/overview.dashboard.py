@@ -155,7 +155,8 @@ dashboard = make_dashboard(
                     8,
                     TimeSeries(
                         title="Failures by reason",
-                        description="validation = bad request (client); overloaded = 429/503 "
+                        description="validation = bad request (client); unauthorized = no or "
+                        "a wrong API key (no inference_log row); overloaded = 429/503 "
                         "admission refusals; timeout and internal are the service's own.",
                         dataSource=PROMETHEUS,
                         targets=[

@@ -10,6 +10,7 @@ neither a worker nor the drain.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -67,39 +68,41 @@ async def read_body(
     deadline = loop.time() + limits.deadline_s
     chunks: list[bytes] = []
     size, more = 0, True
-    pending: asyncio.Future[Message] | None = None
-    try:
-        while more:
-            if is_draining():
-                return Refusal(
-                    503,
-                    "the server is shutting down; retry later",
-                    "service_unavailable",
-                    retry_after=5,
-                    close=True,
-                )
-            if pending is None:
-                pending = asyncio.ensure_future(receive())
-            left = deadline - loop.time()
-            done, _ = await asyncio.wait({pending}, timeout=max(0.0, min(POLL_S, left)))
-            if not done:
-                if loop.time() >= deadline:
-                    message = (
-                        f"request body not received within body_read_timeout_s "
-                        f"({limits.deadline_s:g} s)"
-                    )
-                    return Refusal(408, message, "timeout_error", code="body_timeout", close=True)
-                continue
-            received, pending = pending.result(), None
-            if received["type"] == "http.disconnect":
-                return None
-            chunk = received.get("body", b"")
-            size += len(chunk)
-            if size > limits.max_bytes:
-                return too_large(limits.max_bytes)
-            chunks.append(chunk)
-            more = received.get("more_body", False)
-    finally:
-        if pending is not None:
-            pending.cancel()  # the server's receive() may be awaited again later (disconnect)
+    while more:
+        if is_draining():
+            message = "the server is shutting down; retry later"
+            return Refusal(503, message, "service_unavailable", retry_after=5, close=True)
+        now = loop.time()
+        if now >= deadline:
+            message = (
+                f"request body not received within body_read_timeout_s ({limits.deadline_s:g} s)"
+            )
+            return Refusal(408, message, "timeout_error", code="body_timeout", close=True)
+        # a body already received comes back at once; a stalled one wakes every POLL_S (its
+        # receive() is cancelled and awaited again: the server's receive is a wait on an event)
+        received = await _receive_until(receive, min(deadline, now + POLL_S))
+        if received is None:
+            continue
+        if received["type"] == "http.disconnect":
+            return None
+        chunk = received.get("body", b"")
+        size += len(chunk)
+        if size > limits.max_bytes:
+            return too_large(limits.max_bytes)
+        chunks.append(chunk)
+        more = received.get("more_body", False)
     return b"".join(chunks)
+
+
+async def _receive_until(receive: Receive, when: float) -> Message | None:
+    """The next message, or None when the loop's clock reaches `when` first."""
+    if sys.version_info >= (3, 11):  # a timer, no task per message
+        try:
+            async with asyncio.timeout_at(when):
+                return await receive()
+        except TimeoutError:
+            return None
+    try:
+        return await asyncio.wait_for(receive(), max(0.0, when - asyncio.get_running_loop().time()))
+    except asyncio.TimeoutError:
+        return None

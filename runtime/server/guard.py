@@ -6,8 +6,8 @@ For every /v1 request, in this order, it
 - refuses while not ready or draining (503 + Retry-After);
 - reads the body up front (runtime.server.body): bounded by `max_body_bytes` whether or not a
   Content-Length was sent (413), by `body_read_timeout_s` (408), and cut short by the drain
-  (503); a body that is not UTF-8, whose text holds a lone surrogate, or that nests too deep is
-  a 400 (runtime.server.json_check);
+  (503); a body that is not UTF-8 or whose text holds a lone surrogate is a 400 naming the field
+  (runtime.server.json_check);
 - counts the request as in flight only once its body is in, so the drain waits for requests
   being served, never for a body that does not arrive;
 - replays the body to the app (later `receive()` calls go to the server, so a client disconnect

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.fixtures.ready import fastllm_command, free_port, wait_ready
 
@@ -80,6 +81,7 @@ def metric(url: str, name: str) -> float:
     return total
 
 
+@pytest.mark.slow  # a server process (twice), hundreds of requests
 def test_rows_queued_while_the_database_is_locked_survive_a_restart(
     demo_model_dir: Callable[[str], Path], tmp_path: Path
 ) -> None:

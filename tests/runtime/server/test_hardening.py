@@ -122,11 +122,17 @@ def test_list_errors_say_what_is_wrong(
 
 def test_deep_json_is_a_counted_400_with_its_row(app: InProcess) -> None:
     before, invalid = app.barrier_rows(), app.failures("validation")
-    for depth in (10_000, 200):
+    for depth in (10_000, 200):  # beyond the JSON parser's stack, and within it
         body = b'{"model": "llama", "prompt": ' + b"[" * depth + b"]" * depth + b"}"
-        assert_error(post(app, "/v1/completions", body), 400, needle="nests deeper")
-    assert app.failures("validation") == invalid + 2
-    assert app.rows(before + 2) == before + 2
+        response = post(app, "/v1/completions", body)
+        assert response.status_code == 400 and set(response.json()["error"]) >= {"message"}
+    nested = b'["\\ud83d\\ude00"]'  # text with escapes is walked: depth is checked there too
+    for _ in range(99):
+        nested = b'["\\ud83d\\ude00", ' + nested + b"]"
+    deep_text = b'{"model": "llama", "prompt": ' + nested + b"}"
+    assert_error(post(app, "/v1/completions", deep_text), 400, needle="nests deeper")
+    assert app.failures("validation") == invalid + 3
+    assert app.rows(before + 3) == before + 3
 
 
 @pytest.mark.parametrize(

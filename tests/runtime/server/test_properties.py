@@ -26,7 +26,7 @@ from tests.runtime.server.inprocess import (
 # takes that for a strategy using it (it is not: the cases come from its own seeded source)
 pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisDeprecationWarning")
 
-EXAMPLES = 100  # per endpoint; seeded, so CI sees the same cases
+EXAMPLES = 70  # per endpoint; seeded, so CI sees the same cases
 MAX_NEW_TOKENS = 3
 ENDPOINTS = {
     "/v1/completions": {"model": "llama", "prompt": "hello"},

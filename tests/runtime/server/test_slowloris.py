@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.fixtures.ready import fastllm_command, free_port, wait_ready
 
 NUM_STALLED = 50
@@ -43,6 +45,7 @@ def _answer(sock: socket.socket) -> bytes:
     return b"".join(chunks)
 
 
+@pytest.mark.slow  # a server process
 def test_stalled_bodies_do_not_hold_the_drain(
     demo_model_dir: Callable[[str], Path], tmp_path: Path
 ) -> None:
