@@ -12,6 +12,7 @@ import torch
 from runtime.memory.kv_cache import SequenceKV
 from runtime.models import CausalLM, SeqSlice, load_model, ops
 from runtime.models.fast.decoder import FusedDecoder
+from runtime.models.fast.graphs import batch_buckets
 from runtime.models.fast.rope_table import RopeTable
 from tests.runtime.models.builders import hf_model
 from tests.runtime.models.test_parity import BUILDERS, TOL, new_kv, prompts
@@ -41,10 +42,11 @@ def greedy_decode(
     for kv, tokens in zip(kvs, batch, strict=True):
         seqs.append(SeqSlice(len(ids), len(ids) + len(tokens), kv))
         ids += tokens
-    hidden = model(torch.tensor(ids), seqs)
+    device = model.embed_tokens.weight.device
+    hidden = model(torch.tensor(ids, device=device), seqs)
     for seq in seqs:
         seq.kv.advance(seq.end - seq.start)
-    last = torch.tensor([s.end - 1 for s in seqs])
+    last = torch.tensor([s.end - 1 for s in seqs], device=device)
     logits = model.compute_logits(hidden.index_select(0, last))
     outputs, all_logits = [[] for _ in batch], []
     for _ in range(NUM_DECODE):
@@ -134,3 +136,11 @@ def test_a_kv_overflow_is_refused_on_the_fast_path(model: CausalLM) -> None:
     kv.advance(1)
     with pytest.raises(ValueError, match="KV overflow"):
         FusedDecoder(model)(torch.tensor([1]), [SeqSlice(0, 1, kv)])
+
+
+def test_batch_buckets_cover_every_batch_up_to_the_bound() -> None:
+    assert batch_buckets(64) == (1, 2, 4, 8, 16, 24, 32, 48, 64)
+    assert batch_buckets(5) == (1, 2, 4, 5)
+    for bound in (1, 3, 33, 100):
+        sizes = batch_buckets(bound)
+        assert sizes[-1] == bound and list(sizes) == sorted(set(sizes))
