@@ -75,6 +75,15 @@ class Settings(BaseSettings):
     request_timeout_s: float = Field(120.0, gt=0)
     kv_cache_bytes: int = Field(1 << 30, ge=1 << 20, description="bytes of KV the engine may hold")
     num_replicas: int = Field(1, ge=1, description="engine replicas (work-stealing pool)")
+    # the fast decode step (runtime.models.fast.build): built at load, never on a request
+    compile: str = Field(
+        "auto",
+        pattern="^(auto|on|off)$",
+        description="fused decode step: auto | on (+ torch.compile, paid at load) | off (eager)",
+    )
+    cuda_graphs: str = Field(
+        "auto", pattern="^(auto|on|off)$", description="capture the decode step per batch bucket"
+    )
 
     # --- allocator (runtime.memory.AllocatorConfig.from_settings) ----------------------------
     allocator_small_max_bytes: int = Field(1 << 20, ge=16, description="small tier: below this")

@@ -22,6 +22,19 @@ from runtime.errors import ModelLoadError
 @click.option("--api-key", "api_keys", multiple=True, help="accepted API key (repeatable)")
 @click.option("--admin-token", default=None, help="token for the /admin endpoints")
 @click.option("--log-level", default="info", show_default=True)
+@click.option(
+    "--compile",
+    "compile_mode",
+    type=click.Choice(["auto", "on", "off"]),
+    default=None,
+    help="fast decode step built at load (off: eager); default auto",
+)
+@click.option(
+    "--cuda-graphs",
+    type=click.Choice(["auto", "on", "off"]),
+    default=None,
+    help="capture the decode step per batch bucket on CUDA; default auto",
+)
 def command(
     model_path: Path | None,
     host: str | None,
@@ -30,6 +43,8 @@ def command(
     api_keys: tuple[str, ...],
     admin_token: str | None,
     log_level: str,
+    compile_mode: str | None,
+    cuda_graphs: str | None,
 ) -> None:
     """Serve a model over the OpenAI-compatible API until SIGTERM (then drain and exit 0).
 
@@ -51,6 +66,8 @@ def command(
         port=port,
         api_keys=list(api_keys) or None,
         admin_token=admin_token,
+        compile=compile_mode,
+        cuda_graphs=cuda_graphs,
     )
     for path in (settings.model_path, settings.canary_model_path, settings.embedding_model_path):
         if path is not None and not (Path(path) / "config.json").is_file():

@@ -5,6 +5,7 @@ Built inside the call-once load, so a half-built engine is never visible to anot
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,8 +22,11 @@ from runtime.engine.stats import StatsSink
 from runtime.errors import ModelLoadError
 from runtime.memory import Allocator, get_allocator
 from runtime.memory.kv_cache import KVCache
+from runtime.models.fast.build import FastPath, get_fast_path
 from runtime.models.loader import LoadedModel, load_model
 from runtime.models.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -82,7 +86,7 @@ def build_parts(
     core = EngineCore(
         config,
         Scheduler(config.scheduler, kv_cache),
-        ModelRunner(loaded),
+        ModelRunner(loaded, _fast_path(config, loaded)),
         controller,
         tracker,
         sink,
@@ -102,6 +106,23 @@ def build_parts(
     if config.debug_leak_blocks_per_request > 0:
         core.on_close = _debug_leaker(parts, config.debug_leak_blocks_per_request)
     return parts
+
+
+def _fast_path(config: EngineConfig, loaded: LoadedModel) -> FastPath | None:
+    """Built (compiled, captured) here, at load, once per loaded model; never on a request."""
+    fast = get_fast_path(loaded, config.fast_path)
+    if fast is None:
+        log.info("decode step: eager (compile=%s)", config.compile)
+    else:
+        buckets = f", batch buckets {list(fast.buckets)}" if fast.buckets else ""
+        log.info(
+            "decode step: %s on %s (built in %.2f s, once per loaded model)%s",
+            fast.kind,
+            loaded.device,
+            fast.startup_s,
+            buckets,
+        )
+    return fast
 
 
 def _debug_leaker(parts: EngineParts, num_blocks: int) -> Callable[[Sequence], None]:

@@ -9,6 +9,7 @@ from typing import Any
 from runtime.engine.batching.controller import BatchPolicyConfig
 from runtime.engine.scheduler import SchedulerConfig
 from runtime.errors import ConfigError
+from runtime.models.fast.build import FastPathOptions
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,8 @@ class EngineConfig:
     max_queued_tokens: int = 262144
     request_timeout_s: float = 120.0
     kv_cache_bytes: int = 1 << 30
+    compile: str = "auto"  # the fast decode step: auto | on | off (runtime.models.fast.build)
+    cuda_graphs: str = "auto"  # capture it per batch bucket on CUDA: auto | on | off
     min_util: float = 0.6
     max_util: float = 0.8
     step_up: float = 0.2
@@ -47,6 +50,7 @@ class EngineConfig:
         if self.request_timeout_s <= 0:
             raise ConfigError("request_timeout_s must be positive", param="request_timeout_s")
         self.batch_policy  # validates the band  # noqa: B018
+        self.fast_path  # validates compile / cuda_graphs  # noqa: B018
 
     @classmethod
     def from_settings(cls, settings: Any, **overrides: Any) -> EngineConfig:
@@ -65,6 +69,8 @@ class EngineConfig:
             "max_queued_tokens": settings.max_queued_tokens,
             "request_timeout_s": settings.request_timeout_s,
             "kv_cache_bytes": settings.kv_cache_bytes,
+            "compile": settings.compile,
+            "cuda_graphs": settings.cuda_graphs,
             "min_util": settings.min_util,
             "max_util": settings.max_util,
             "step_up": settings.step_up,
@@ -81,6 +87,14 @@ class EngineConfig:
     def effective_max_num_seqs(self) -> int:
         """A step feeds at least one token per running sequence, so the budget caps the batch."""
         return min(self.max_num_seqs, self.max_num_batched_tokens)
+
+    @property
+    def fast_path(self) -> FastPathOptions:
+        return FastPathOptions(
+            compile=self.compile,
+            cuda_graphs=self.cuda_graphs,
+            max_batch=self.effective_max_num_seqs,
+        )
 
     @property
     def batch_policy(self) -> BatchPolicyConfig:

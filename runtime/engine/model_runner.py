@@ -3,6 +3,9 @@
 All sequences' new tokens go into one packed `input_ids[T]` (prefill chunks and decodes side by
 side); the model writes each sequence's K/V into its own `SequenceKV` and returns `hidden[T, H]`.
 Only the last row of a sequence whose chunk reaches its end is turned into logits and sampled.
+A step of decodes only (one token per sequence) goes through the fast decode step when the
+model has one (`runtime.models.fast`: fused, captured on CUDA); any step with a prefill chunk
+runs the eager module forward, which stays the reference.
 """
 
 from __future__ import annotations
@@ -14,14 +17,17 @@ import torch
 from runtime.engine.sampling import sample
 from runtime.engine.scheduler import SchedulerOutput
 from runtime.models.base import CausalLM, SeqSlice
+from runtime.models.fast.build import FastPath
 from runtime.models.loader import LoadedModel
 
 
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel) -> None:
+    def __init__(self, loaded: LoadedModel, fast_path: FastPath | None = None) -> None:
         self.loaded = loaded
         self.model = cast(CausalLM, loaded.model)
         self.device = loaded.device
+        self.fast_path = fast_path
+        self.num_fast_steps = 0  # steps that went through the fast path (tests, stats)
 
     @torch.inference_mode()
     def execute(self, batch: SchedulerOutput) -> list[int | None]:
@@ -35,7 +41,11 @@ class ModelRunner:
             flat_ids.extend(seq.pending_token_ids(item.num_new_tokens))
             slices.append(SeqSlice(start=start, end=len(flat_ids), kv=seq.kv))
         input_ids = torch.tensor(flat_ids, dtype=torch.long, device=self.device)  # [T]
-        hidden = self.model(input_ids, slices)  # [T, H]
+        if self.fast_path is not None and batch.num_prefill_tokens == 0:
+            hidden = self.fast_path(input_ids, slices)  # [T, H]
+            self.num_fast_steps += 1
+        else:
+            hidden = self.model(input_ids, slices)
         # the KV of every fed token is written now: advance each cursor once (model contract)
         for item, piece in zip(batch.items, slices, strict=True):
             piece.kv.advance(item.num_new_tokens)

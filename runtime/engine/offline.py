@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from runtime.engine.config import EngineConfig
 from runtime.engine.engine import Engine
@@ -35,8 +35,13 @@ class GenerationResult:
 
 
 def generate(
-    loaded: LoadedModel, prompts: Sequence[str | Sequence[int]], params: SamplingParams
+    loaded: LoadedModel,
+    prompts: Sequence[str | Sequence[int]],
+    params: SamplingParams,
+    *,
+    compile: str = "auto",
 ) -> list[GenerationResult]:
+    """`compile`: the engine's setting (auto | on | off); off decodes on the eager forward."""
     if not loaded.is_causal_lm:
         raise InvalidRequestError(f"{loaded.path} is an encoder model; it cannot generate text")
     tokenizer = loaded.tokenizer
@@ -55,7 +60,8 @@ def generate(
     ]
     if not prompt_ids:
         return []
-    engine = Engine(_offline_config(loaded, prompt_ids, params), loader=lambda: loaded)
+    config = replace(_offline_config(loaded, prompt_ids, params), compile=compile)
+    engine = Engine(config, loader=lambda: loaded)
     try:
         handles = [
             engine.submit(GenerationRequest(f"offline-{uuid.uuid4().hex}", ids, params))

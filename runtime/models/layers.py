@@ -74,13 +74,21 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, plan: BatchPlan, cos_sin: tuple[Tensor, Tensor]) -> Tensor:
         """x [T, H] packed -> [T, H]. Stores the new tokens' K/V in each sequence's cache."""
-        a, layer = self.args, self.layer_idx
+        a = self.args
         num_tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split([a.q_size, a.kv_size, a.kv_size], dim=-1)
         q = q.view(num_tokens, a.num_heads, a.head_dim)
         k = k.view(num_tokens, a.num_kv_heads, a.head_dim)
         v = v.view(num_tokens, a.num_kv_heads, a.head_dim)
         q, k = ops.apply_rotary(q, k, plan.positions, a.rope_theta, a.head_dim, cos_sin=cos_sin)
+        return self.o_proj(self.attend(q, k, v, plan))
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, plan: BatchPlan) -> Tensor:
+        """The attention core, shared by the eager forward and the fast decode path
+        (runtime.models.fast): q [T, Hq, D], k/v [T, Hkv, D] rotated -> [T, q_size] (before
+        o_proj). Stores the new tokens' K/V in each sequence's cache."""
+        a, layer = self.args, self.layer_idx
+        num_tokens = q.shape[0]
         new_kv = torch.stack((k, v)).permute(0, 2, 1, 3)  # [2, num_kv_heads, T, head_dim]
         torch._foreach_copy_(plan.writes[layer], new_kv.split(plan.lengths, dim=2))
         queries = q.transpose(0, 1).split(plan.lengths, dim=1)  # each [num_heads, n, head_dim]
@@ -91,7 +99,7 @@ class Attention(nn.Module):
             )
         ]
         out = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]  # [num_heads, T, head_dim]
-        return self.o_proj(out.transpose(0, 1).reshape(num_tokens, a.q_size))
+        return out.transpose(0, 1).reshape(num_tokens, a.q_size)
 
 
 class GatedMLP(nn.Module):

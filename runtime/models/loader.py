@@ -52,6 +52,8 @@ class LoadedModel:
     path: Path
     is_legacy: bool = False  # loaded from pytorch_model.bin under legacy_support
     metadata: dict[str, str] = field(default_factory=dict)  # safetensors metadata (e.g. geglu fix)
+    # fast decode steps built for this model, by (compile, cuda_graphs): runtime.models.fast
+    fast_paths: dict[tuple[str, str], Any] = field(default_factory=dict, repr=False)
 
     @property
     def is_causal_lm(self) -> bool:

@@ -8,6 +8,8 @@ import torch
 
 from runtime.errors import FastllmError
 from runtime.tools.convert import META_CONVERTED_FROM, META_GEGLU_FIX, uses_geglu
+from runtime.tools.doctor_fast import NAME as FAST
+from runtime.tools.doctor_fast import check_fast_path
 from runtime.tools.doctor_report import (
     FAIL,
     PASS,
@@ -39,7 +41,7 @@ def check_model(options: DoctorOptions, device: torch.device) -> list[CheckResul
             else "check the directory (config.json, weights, tokenizer.json); "
             "`fastllm make-demo-model DIR` builds a known-good one"
         )
-        rest = [CheckResult(n, SKIP, "the model did not load") for n in _MODEL_CHECKS]
+        rest = [CheckResult(n, SKIP, "the model did not load") for n in (*_MODEL_CHECKS, FAST)]
         return [CheckResult(name, FAIL, exc.message, fix), *rest]
     args = loaded.args
     legacy = " (legacy pytorch_model.bin)" if loaded.is_legacy else ""
@@ -49,6 +51,7 @@ def check_model(options: DoctorOptions, device: torch.device) -> list[CheckResul
         check_geglu_provenance(loaded),
         check_tokenizer(loaded),
         check_generation(loaded),
+        check_fast_path(loaded),
     ]
 
 

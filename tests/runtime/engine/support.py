@@ -100,7 +100,14 @@ class ModelHooks:
 
 
 def engine_config(**overrides: Any) -> EngineConfig:
-    fields: dict[str, Any] = {"model_name": "tiny", "device": "cpu", "max_num_seqs": 16}
+    # eager: ModelHooks wrap the module forward, which the fast decode step does not call
+    # (tests/runtime/engine/test_fast_path.py covers the engine on the fast path)
+    fields: dict[str, Any] = {
+        "model_name": "tiny",
+        "device": "cpu",
+        "max_num_seqs": 16,
+        "compile": "off",
+    }
     fields.update(overrides)
     return EngineConfig(**fields)
 

@@ -1,0 +1,1 @@
+"""The fast decode step (see `runtime.models.fast.build`)."""

@@ -1,0 +1,113 @@
+"""The engine on the fast decode step: decode-only steps go through it, prefill stays eager,
+outputs equal the eager engine's and transformers'; the compile / cuda_graphs settings; built
+once per loaded model, and its build logged at load."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from runtime.config import Settings, load_settings
+from runtime.engine.config import EngineConfig
+from runtime.engine.engine import Engine
+from runtime.engine.offline import generate
+from runtime.errors import ConfigError
+from runtime.memory import Allocator
+from runtime.models.fast.build import FastPathOptions, get_fast_path, plan_fast_path
+from runtime.models.loader import load_model
+from tests.runtime.engine.support import greedy, hf_greedy, random_prompts, request
+
+
+def run_engine(model_dir: Path, prompts: list[list[int]], max_tokens: int, **config):
+    loaded = load_model(model_dir, device="cpu")
+    engine = Engine(
+        EngineConfig(model_name="tiny", device="cpu", max_num_seqs=16, **config),
+        loader=lambda: loaded,
+        allocator=Allocator(device="cpu"),
+    )
+    try:
+        handles = [
+            engine.submit(request(f"r{i}", p, greedy(max_tokens))) for i, p in enumerate(prompts)
+        ]
+        outputs = [h.result(timeout=120) for h in handles]
+        runner = engine._parts.core.runner
+        return [o.token_ids for o in outputs], runner.num_fast_steps, engine._parts.core.num_steps
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma"])
+def test_engine_decodes_on_the_fast_path_with_eager_and_hf_outputs(
+    arch: str, demo_model_dir: Callable[[str], Path]
+) -> None:
+    path = demo_model_dir(arch)
+    prompts = random_prompts(6, 1, 9, 500, seed=4)
+    fast, num_fast, num_steps = run_engine(path, prompts, 5)
+    eager, num_eager_fast, _ = run_engine(path, prompts, 5, compile="off")
+    assert fast == eager
+    assert num_fast > 0 and num_fast < num_steps  # decodes fast, the prefill step eager
+    assert num_eager_fast == 0
+    assert fast == hf_greedy(path, prompts, [5] * len(prompts))
+
+
+def test_offline_generate_passes_the_setting_through(
+    demo_model_dir: Callable[[str], Path],
+) -> None:
+    loaded = load_model(demo_model_dir("llama"), device="cpu")
+    prompt = [[5, 6, 7, 8]]
+    (fast,) = generate(loaded, prompt, greedy(6))
+    assert loaded.fast_paths, "the fast path was built and kept on the loaded model"
+    built = next(iter(loaded.fast_paths.values()))
+    (again,) = generate(loaded, prompt, greedy(6))
+    assert next(iter(loaded.fast_paths.values())) is built  # not rebuilt per engine
+    (eager,) = generate(loaded, prompt, greedy(6), compile="off")
+    assert fast.token_ids == again.token_ids == eager.token_ids
+
+
+def test_settings_reach_the_engine_and_bad_values_are_typed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert Settings().compile == "auto" and Settings().cuda_graphs == "auto"
+    monkeypatch.setenv("FASTLLM_COMPILE", "off")
+    monkeypatch.setenv("FASTLLM_CUDA_GRAPHS", "on")
+    config = EngineConfig.from_settings(load_settings())
+    assert (config.compile, config.cuda_graphs) == ("off", "on")
+    monkeypatch.setenv("FASTLLM_COMPILE", "sometimes")
+    with pytest.raises(ConfigError, match="FASTLLM_COMPILE"):
+        load_settings()
+    with pytest.raises(ConfigError, match="compile must be one of") as err:
+        EngineConfig(compile="yes")
+    assert err.value.param == "compile"
+
+
+def test_what_each_mode_means_on_cpu() -> None:
+    cpu = pytest.importorskip("torch").device("cpu")
+    auto = plan_fast_path(FastPathOptions(), cpu)
+    assert auto is not None and auto.kind == "fused"  # no inductor, no graphs on CPU
+    on = plan_fast_path(FastPathOptions(compile="on"), cpu)
+    assert on is not None and on.kind == "fused+inductor"
+    assert plan_fast_path(FastPathOptions(compile="off"), cpu) is None
+    with pytest.raises(ConfigError, match="cuda_graphs=on needs a CUDA device"):
+        plan_fast_path(FastPathOptions(cuda_graphs="on"), cpu)
+
+
+def test_cuda_graphs_on_without_a_gpu_fails_the_load_with_a_typed_error(
+    demo_model_dir: Callable[[str], Path],
+) -> None:
+    loaded = load_model(demo_model_dir("llama"), device="cpu")
+    with pytest.raises(ConfigError, match="cuda_graphs=on"):
+        get_fast_path(loaded, FastPathOptions(cuda_graphs="on"))
+
+
+def test_the_build_is_logged_at_load(
+    demo_model_dir: Callable[[str], Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="runtime.engine.build")
+    run_engine(demo_model_dir("llama"), [[3, 4]], 2)
+    run_engine(demo_model_dir("llama"), [[3, 4]], 2, compile="off")
+    lines = [r.getMessage() for r in caplog.records if r.name == "runtime.engine.build"]
+    assert any(m.startswith("decode step: fused on cpu (built in ") for m in lines), lines
+    assert "decode step: eager (compile=off)" in lines

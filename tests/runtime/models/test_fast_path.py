@@ -1,0 +1,146 @@
+"""The fast decode step (runtime.models.fast) against the eager forward and transformers, on the
+parity suite's checkpoints: greedy tokens identical, logits within the fp32 tolerance, several
+sequences at different positions decoded in one step; and its tables and ops bit-for-bit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime.memory.kv_cache import SequenceKV
+from runtime.models import CausalLM, SeqSlice, load_model, ops
+from runtime.models.fast.decoder import FusedDecoder
+from runtime.models.fast.graphs import batch_buckets
+from runtime.models.fast.rope_table import RopeTable
+from tests.runtime.models.builders import hf_model
+from tests.runtime.models.test_parity import BUILDERS, TOL, new_kv, prompts
+
+NUM_DECODE = 6
+
+
+@pytest.fixture(params=sorted(BUILDERS), scope="module")
+def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return BUILDERS[request.param](tmp_path_factory.mktemp(request.param))
+
+
+@pytest.fixture(scope="module")
+def model(checkpoint: Path) -> CausalLM:
+    loaded = load_model(checkpoint, device="cpu", load_tokenizer=False).model
+    assert isinstance(loaded, CausalLM)
+    return loaded
+
+
+def greedy_decode(
+    model: CausalLM, step, batch: list[list[int]]
+) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """Prefill every prompt (eager, one packed forward), then NUM_DECODE greedy steps of the
+    whole batch through `step`; -> tokens per sequence, logits [batch, vocab] per step."""
+    kvs = [new_kv(model) for _ in batch]
+    seqs, ids = [], []
+    for kv, tokens in zip(kvs, batch, strict=True):
+        seqs.append(SeqSlice(len(ids), len(ids) + len(tokens), kv))
+        ids += tokens
+    device = model.embed_tokens.weight.device
+    hidden = model(torch.tensor(ids, device=device), seqs)
+    for seq in seqs:
+        seq.kv.advance(seq.end - seq.start)
+    last = torch.tensor([s.end - 1 for s in seqs], device=device)
+    logits = model.compute_logits(hidden.index_select(0, last))
+    outputs, all_logits = [[] for _ in batch], []
+    for _ in range(NUM_DECODE):
+        next_ids = logits.argmax(-1)
+        for out, token in zip(outputs, next_ids.tolist(), strict=True):
+            out.append(token)
+        hidden = step(next_ids, [SeqSlice(i, i + 1, kv) for i, kv in enumerate(kvs)])
+        for kv in kvs:
+            kv.advance(1)
+        logits = model.compute_logits(hidden)
+        all_logits.append(logits)
+    return outputs, all_logits
+
+
+def hf_greedy(hf, tokens: list[int]) -> tuple[list[int], torch.Tensor]:
+    """transformers' greedy continuation and its logits at each decoded position."""
+    with torch.no_grad():
+        out = hf.generate(
+            torch.tensor([tokens]),
+            attention_mask=torch.ones(1, len(tokens), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=NUM_DECODE + 1,
+            min_new_tokens=NUM_DECODE + 1,
+            pad_token_id=0,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    new = out.sequences[0, len(tokens) :].tolist()
+    return new[:NUM_DECODE], torch.stack([s[0] for s in out.logits[1:]]).float()
+
+
+def test_fast_decode_matches_eager_and_transformers(checkpoint: Path, model: CausalLM) -> None:
+    batch = prompts(model.args.vocab_size)  # lengths 11, 1, 5, 17: different positions
+    fast_tokens, fast_logits = greedy_decode(model, FusedDecoder(model), batch)
+    eager_tokens, eager_logits = greedy_decode(model, model, batch)
+    assert fast_tokens == eager_tokens
+    for fast, eager in zip(fast_logits, eager_logits, strict=True):
+        torch.testing.assert_close(fast, eager, atol=TOL, rtol=0)
+    hf = hf_model(checkpoint)
+    for i, tokens in enumerate(batch):
+        hf_tokens, hf_logits = hf_greedy(hf, tokens)
+        assert fast_tokens[i] == hf_tokens
+        ours = torch.stack([step[i] for step in fast_logits])
+        torch.testing.assert_close(ours, hf_logits, atol=TOL, rtol=0)
+
+
+def test_fast_decode_writes_the_same_kv_as_eager(model: CausalLM) -> None:
+    prompt = prompts(model.args.vocab_size)[0]
+    caches = []
+    for step in (model, FusedDecoder(model)):
+        kv = new_kv(model)
+        model(torch.tensor(prompt), [SeqSlice(0, len(prompt), kv)])
+        kv.advance(len(prompt))
+        step(torch.tensor([7]), [SeqSlice(0, 1, kv)])
+        assert kv.num_tokens == len(prompt)  # the step does not advance the cursor
+        caches.append(kv.data[:, :, :, : len(prompt) + 1])
+    torch.testing.assert_close(caches[1], caches[0], atol=1e-5, rtol=0)
+
+
+def test_rope_table_rows_equal_the_per_forward_tables(model: CausalLM) -> None:
+    args = model.args
+    table = RopeTable(args, torch.float32, torch.device("cpu"))
+    positions = torch.tensor([0, 1, 17, 255, args.max_position_embeddings - 1])
+    expected = ops.rope_cos_sin(positions, args.rope_theta, args.head_dim, torch.float32)
+    got = table.lookup(positions)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+    out = (torch.zeros(8, 1, args.head_dim), torch.zeros(8, 1, args.head_dim))
+    into = table.lookup(positions, out=out)
+    assert all(torch.equal(a, b) for a, b in zip(into, expected, strict=True))
+    assert into[0].data_ptr() == out[0].data_ptr()  # written into the caller's buffer
+
+
+def test_rotary_equals_hf_rotate_half() -> None:
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 6, 16, generator=gen)
+    positions = torch.tensor([0, 3, 9, 100, 2047])
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, 16, 2).float() / 16))  # HF's tables
+    emb = (positions.float()[:, None] * inv_freq).repeat(1, 2)[:, None, :]
+    hf = x * emb.cos() + torch.cat((-x[..., 8:], x[..., :8]), dim=-1) * emb.sin()
+    cos, sin = ops.rope_cos_sin(positions, 10000.0, 16, torch.float32)
+    torch.testing.assert_close(ops.rotary(x, cos, sin), hf, atol=1e-6, rtol=0)
+
+
+def test_a_kv_overflow_is_refused_on_the_fast_path(model: CausalLM) -> None:
+    a = model.args
+    kv = SequenceKV.empty(a.num_layers, a.num_kv_heads, a.head_dim, 1)
+    kv.advance(1)
+    with pytest.raises(ValueError, match="KV overflow"):
+        FusedDecoder(model)(torch.tensor([1]), [SeqSlice(0, 1, kv)])
+
+
+def test_batch_buckets_cover_every_batch_up_to_the_bound() -> None:
+    assert batch_buckets(64) == (1, 2, 4, 8, 16, 24, 32, 48, 64)
+    assert batch_buckets(5) == (1, 2, 4, 5)
+    for bound in (1, 3, 33, 100):
+        sizes = batch_buckets(bound)
+        assert sizes[-1] == bound and list(sizes) == sorted(set(sizes))
