@@ -35,7 +35,7 @@ from runtime.server.wiring import build_state
 from tests.fixtures.browser import console_errors
 from tests.integration.support import MODEL, runtime_settings
 from tests.runtime.server.live import ADMIN_TOKEN, LiveServer
-from tests.runtime.verify_support import corrupting
+from tests.runtime.verify.support import corrupting
 
 REFRESH_S = 0.5
 TIME_SCALE = 0.01
