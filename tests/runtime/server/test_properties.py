@@ -26,7 +26,7 @@ from tests.runtime.server.inprocess import (
 # takes that for a strategy using it (it is not: the cases come from its own seeded source)
 pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisDeprecationWarning")
 
-EXAMPLES = 70  # per endpoint; seeded, so CI sees the same cases
+EXAMPLES = 100  # per endpoint; seeded, so CI sees the same cases
 MAX_NEW_TOKENS = 3
 ENDPOINTS = {
     "/v1/completions": {"model": "llama", "prompt": "hello"},
@@ -70,7 +70,8 @@ def bodies(draw: st.DrawFn, path: str) -> Any:
         value = body.get(name)
         if isinstance(value, int) and not isinstance(value, bool) and value > MAX_NEW_TOKENS:
             body[name] = MAX_NEW_TOKENS
-    if not path.endswith("embeddings") and "max_tokens" not in body:
+    limits = (body.get("max_tokens"), body.get("max_completion_tokens"))
+    if not path.endswith("embeddings") and limits == (None, None):  # not the default 16 / 256
         body["max_tokens"] = MAX_NEW_TOKENS
     return body
 
