@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import torch
 
-from runtime import verify
 from runtime.config import load_settings
 from runtime.engine.stats import VerificationResult
+from runtime.verify import verifier as verify
 from runtime.verify.verifier import Verifier, VerifyJob, is_sampled
 
 
