@@ -149,9 +149,13 @@ def test_status_reports_disagreement_and_unreachable_replicas(
     pair: tuple[LiveServer, LiveServer], capsys: pytest.CaptureFixture[str]
 ) -> None:
     a, _ = pair
-    dead = url_of(bound_socket())  # bound, never listening: connection refused
+    sock = bound_socket()
+    dead = url_of(sock)  # bound, never listening: connection refused
     argv = ["status", "--url", a.url, "--url", dead, "--admin-token", ADMIN_TOKEN]
-    assert _rollout(argv, capsys) == 1
+    try:
+        assert _rollout(argv, capsys) == 1
+    finally:
+        sock.close()
     out = capsys.readouterr().out
     assert f"== {dead}" in out and "cannot reach" in out
     assert "1 of 2 replicas did not answer" in out
