@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -64,10 +65,15 @@ class MetricStore:
     def add_samples(self, samples: Sequence[Sample]) -> None:
         if not samples:
             return
+        # NaN (e.g. utilization before the step-time model has a fit) has no SQL value: such a
+        # sample is left out, so the series reads as absent there, never as a failed round
         rows = [
             {"ts": s.ts, "name": s.name, "labels": canonical_labels(s.labels), "value": s.value}
             for s in samples
+            if not math.isnan(s.value)
         ]
+        if not rows:
+            return
         with self._session() as session:
             session.execute(insert(MetricSample), rows)
 

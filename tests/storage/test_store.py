@@ -55,3 +55,13 @@ def test_alert_events_round_trip(engine: Engine) -> None:
     assert [e.alertname for e in firing] == ["MemoryGrowth", "DeviceUtilLow"]
     assert store.alert_events(alertname="MemoryGrowth")[0].fingerprint == "custom"
     assert len(store.alert_events(since=t0 + timedelta(minutes=1))) == 1
+
+
+def test_a_nan_sample_is_left_out_not_a_failed_write(engine: Engine) -> None:
+    """Utilization is NaN until the step-time model has a fit; SQL has no NaN (SQLite stores NULL
+    and the column is NOT NULL), so the store skips it instead of failing the evaluator's round."""
+    store = MetricStore(engine)
+    t0 = datetime.now(timezone.utc)
+    store.add_samples([Sample("u", float("nan"), t0), Sample("u", 0.5, t0 + timedelta(seconds=1))])
+    store.add_samples([Sample("u", float("nan"), t0 + timedelta(seconds=2))])  # all NaN: no-op
+    assert [s.value for s in store.samples("u")] == [0.5]
