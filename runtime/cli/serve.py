@@ -78,8 +78,11 @@ def command(
     configure_logging(log_level)
     app = create_app(settings)
     base = f"http://{settings.host}:{settings.port}"
-    click.echo(f"serving {settings.served_model_name} on {base}/v1", err=True)
-    click.echo(f"status page: {base}/  (metrics: {base}/metrics)", err=True)
+    click.echo(
+        f"serving {settings.served_model_name} on {base}/v1 "
+        f"(status page: {base}/, metrics: {base}/metrics)",
+        err=True,
+    )
     rc = run_server(
         app,
         host=settings.host,
