@@ -43,3 +43,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _collect_garbage_after_each_test() -> None:
+    """Collect after every test so a leaked connection or file warns in the test that leaked it,
+    not in whichever later test the collector happens to run in."""
+    yield
+    import gc
+
+    gc.collect()

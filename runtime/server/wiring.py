@@ -163,6 +163,9 @@ def attach_storage(state: ServerState) -> None:
         writer.close(timeout=settings.log_close_timeout_s)
 
     state.on_stop.append(close_writer)
+    # last of all (the hooks run in reverse): the evaluator's store shares this engine, and an
+    # engine left to the garbage collector leaves its pooled connections open until then
+    state.on_stop.insert(0, writer.engine.dispose)
     state.writer = writer
 
 

@@ -114,6 +114,7 @@ def test_postgres_down_at_shutdown_then_replayed_once(
     again = InferenceLogWriter(make_engine(postgres_url), migrate=False, spool_path=spool)
     assert again.close(timeout=30)
     assert _rows(again.engine) == _expected_rows(25)
+    again.engine.dispose()
     assert not spool.exists()
 
 
