@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
+from collections.abc import Iterator
 
 import pytest
 
@@ -46,10 +48,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True)
-def _collect_garbage_after_each_test() -> None:
+def _collect_garbage_after_each_test() -> Iterator[None]:
     """Collect after every test so a leaked connection or file warns in the test that leaked it,
     not in whichever later test the collector happens to run in."""
     yield
-    import gc
-
     gc.collect()
