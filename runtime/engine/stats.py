@@ -12,6 +12,7 @@ from typing import Protocol
 
 from runtime.engine.reasons import FailureReason, FinishReason
 from runtime.memory.stats import AllocatorStats as AllocatorStats  # re-exported for the sinks
+from runtime.memory.stats import KVCacheStats as KVCacheStats
 from runtime.memory.stats import TierStats as TierStats
 
 
@@ -42,6 +43,7 @@ class StepStats:
     model: str = ""
     version: str = ""
     num_sampled: int = 0  # sequences that sampled a token (logits computed for these rows only)
+    kv: KVCacheStats | None = None  # the page pool after the step (and cumulative prefix counts)
 
 
 @dataclass
@@ -57,6 +59,7 @@ class RequestStats:
     finished_ts: float | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (first schedule)
     max_tokens: int = 0
     # "stop" | "length" | "cancelled" when it ended normally; None when it failed
     finished_reason: FinishReason | None = None

@@ -36,3 +36,22 @@ class AllocatorStats:
     @property
     def live_blocks(self) -> int:
         return sum(t.live_blocks for t in self.tiers)
+
+
+@dataclass(frozen=True)
+class KVCacheStats:
+    """One engine's page pool (runtime.memory.kv_cache). Page counts are a snapshot; the token and
+    preemption counts are cumulative since the engine started."""
+
+    block_size: int = 0  # tokens per page
+    num_pages: int = 0  # pages sequences can hold (the pool's one zero page excluded)
+    num_used_pages: int = 0  # held by at least one sequence
+    num_cached_pages: int = 0  # held by none, kept for prefix reuse (evicted first, LRU)
+    num_free_pages: int = 0
+    prefix_query_tokens: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_hit_tokens: int = 0  # of those, found cached (not recomputed)
+    num_preemptions: int = 0  # sequences preempted for lack of pages (recomputed later)
+
+    @property
+    def usage_ratio(self) -> float:
+        return self.num_used_pages / self.num_pages if self.num_pages else 0.0
