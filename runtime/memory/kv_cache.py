@@ -88,7 +88,7 @@ class KVCache:
         shape = (num_layers, 2, num_pages, block_size, num_kv_heads, head_dim)
         block = allocator.alloc(shape, dtype, owner=owner)
         self.pool = PagePool(block.tensor)
-        self.max_bytes, self.owner = max_bytes, owner
+        self.max_bytes, self.owner, self.allocator = max_bytes, owner, allocator
         self.tier = allocator.config.tier_of(num_pages * self.bytes_per_page)
         self.num_query_tokens = self.num_hit_tokens = 0
         self._seqs: dict[str, SequenceKV] = {}

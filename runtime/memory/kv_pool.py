@@ -129,6 +129,9 @@ class PagePool:
     def is_keyed(self, page: int) -> bool:
         return page in self._key_of
 
+    def key_of(self, page: int) -> bytes | None:
+        return self._key_of.get(page)
+
     def cached_pages(self) -> list[int]:
         return list(self._lru)
 
