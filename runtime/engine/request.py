@@ -97,7 +97,9 @@ class TokenOutput:
     prompt_tokens: int
     completion_tokens: int  # total so far
     error: FastllmError | None = None  # set on the last output of a failed request
-    cached_tokens: int = 0  # prompt tokens served from the prefix cache (usage.prompt_tokens_details)
+    cached_tokens: int = (
+        0  # prompt tokens served from the prefix cache (usage.prompt_tokens_details)
+    )
 
     @property
     def is_final(self) -> bool:

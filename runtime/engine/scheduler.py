@@ -34,7 +34,8 @@ from runtime.memory.stats import KVCacheStats
 class KVSpace(Protocol):
     """The verbs of runtime.memory.kv_cache.KVCache the scheduler uses."""
 
-    num_pages: int
+    @property
+    def num_pages(self) -> int: ...
 
     def allocate(self, seq_id: str, token_ids: Seq[int]) -> SequenceKV: ...
     def ensure(self, kv: SequenceKV, num_new_tokens: int) -> bool: ...
@@ -132,12 +133,12 @@ class Scheduler:
             and not out.num_preempted
         ):
             seq = self.waiting[0]
-            num_tokens = self._admit(seq, budget)
-            if num_tokens is None:
+            admitted = self._admit(seq, budget)
+            if admitted is None:
                 self.num_holds += 1
                 break  # hold the head: FIFO order, no overtaking
-            budget -= num_tokens
-            self._take(out, seq, num_tokens)
+            budget -= admitted
+            self._take(out, seq, admitted)
         return out
 
     def _budget_left(self, out: SchedulerOutput) -> int:
@@ -165,7 +166,9 @@ class Scheduler:
         chunk. The tokens of that chunk, or None (nothing taken) when there is no room."""
         kv = self.kv.allocate(seq.request_id, seq.token_ids)
         num_tokens = min(seq.num_tokens - kv.num_tokens, budget)
-        wanted = seq.kv_capacity if self.config.reserve_full_sequence else kv.num_tokens + num_tokens
+        wanted = (
+            seq.kv_capacity if self.config.reserve_full_sequence else kv.num_tokens + num_tokens
+        )
         need = self.kv.pages_for(wanted) - len(kv.page_ids)
         # the running sequences' next pages come first: leave a little headroom for them
         headroom = min(len(self.running), max(1, self.kv.num_pages // 100))

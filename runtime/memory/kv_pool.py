@@ -1,6 +1,6 @@
 """The page pool: fixed-size KV pages in one tensor, and the prefix index over full pages.
 
-    data[num_layers, 2, num_pages, block_size, num_kv_heads, head_dim]   (index 0 = keys, 1 = values)
+    data[num_layers, 2, num_pages, block_size, num_kv_heads, head_dim]    (0 = keys, 1 = values)
 
 Token-major inside a page, so one layer's pages gathered in block-table order are a
 [tokens, kv_heads, head_dim] run, and the keys of one token are one contiguous row.

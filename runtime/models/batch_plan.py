@@ -78,7 +78,9 @@ class BatchPlan:
 
         lengths = [seq.end - seq.start for seq in seqs]
         q_tile = _pick_q_tile(lengths, group)
-        rows = [(s, j, min(q_tile, n - j)) for s, n in enumerate(lengths) for j in range(0, n, q_tile)]
+        rows = [
+            (s, j, min(q_tile, n - j)) for s, n in enumerate(lengths) for j in range(0, n, q_tile)
+        ]
         pages = [-(-(seq.kv.num_tokens + n) // size) for seq, n in zip(seqs, lengths, strict=True)]
         pages_per_row = max(pages[s] for s, _, _ in rows) if rows else 1
         table_flat: list[int] = []

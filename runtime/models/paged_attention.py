@@ -32,7 +32,9 @@ def attend(plan: BatchPlan, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tens
     slots[0].index_copy_(0, plan.write_slots, k)
     slots[1].index_copy_(0, plan.write_slots, v)
     if plan.single_prefill:
-        out = ops.attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), causal_offset=0)
+        out = ops.attention(
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), causal_offset=0
+        )
         return out.transpose(0, 1)
     rows, tile, keys = plan.num_rows, plan.q_tile, plan.num_keys
     group = num_heads // num_kv_heads
@@ -42,6 +44,7 @@ def attend(plan: BatchPlan, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tens
     if tile == 1:  # row r is token r
         queries = q.reshape(rows, num_kv_heads, group, head_dim)
     else:
+        assert plan.query_index is not None
         padded = q.index_select(0, plan.query_index)  # [rows * tile, Hq, D]
         padded = padded.view(rows, tile, num_kv_heads, group, head_dim).transpose(1, 2)
         queries = padded.reshape(rows, num_kv_heads, tile * group, head_dim)

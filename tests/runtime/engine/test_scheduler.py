@@ -58,7 +58,9 @@ def run_step(scheduler: Scheduler, max_num_seqs: int) -> list[tuple[str, int]]:
     out = scheduler.schedule(max_num_seqs)
     for item in out.items:
         seq, samples = item.seq, item.samples
-        assert seq.kv is not None and seq.kv.capacity >= seq.num_computed_tokens + item.num_new_tokens
+        assert (
+            seq.kv is not None and seq.kv.capacity >= seq.num_computed_tokens + item.num_new_tokens
+        )
         seq.kv.advance(item.num_new_tokens)
         scheduler.kv.cache_full_pages(seq.kv, seq.token_slice)  # type: ignore[attr-defined]
         seq.num_computed_tokens += item.num_new_tokens

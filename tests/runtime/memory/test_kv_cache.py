@@ -90,7 +90,7 @@ def test_the_longest_cached_prefix_is_shared_and_freed_by_its_last_holder() -> N
     cache = make_cache()
     prompt = list(range(100, 111))  # 11 tokens: pages of 4, 4, 3
     fill(cache, "a", prompt)
-    b = cache.allocate("b", prompt + [7])  # 12 tokens: the 2 full pages are reused
+    b = cache.allocate("b", [*prompt, 7])  # 12 tokens: the 2 full pages are reused
     a = cache.get("a")
     assert a is not None and b.num_cached_tokens == b.num_tokens == 8
     assert b.page_ids == a.page_ids[:2]
