@@ -17,7 +17,13 @@ from prometheus_client import Histogram
 
 from monitoring.metrics import ALLOCATOR_EVENTS, FastllmMetrics
 from runtime.engine.reasons import FailureReason
-from runtime.engine.stats import AllocatorStats, RequestStats, StepStats, VerificationResult
+from runtime.engine.stats import (
+    AllocatorStats,
+    KVCacheStats,
+    RequestStats,
+    StepStats,
+    VerificationResult,
+)
 
 # Failures that never entered the engine: their timestamps say nothing about serving latency.
 REJECTED_REASONS = frozenset({FailureReason.VALIDATION, FailureReason.OVERLOADED})
@@ -79,6 +85,7 @@ class PrometheusSink:
         self._known_models = {m for m, _ in models}
         self._alloc_latest: dict[str, AllocatorStats] = {}
         self._alloc_counts: dict[tuple[str, str, str], int] = {}
+        self._kv_counts: dict[tuple[str, str, str], int] = {}  # (model, version, counter) -> last
         self._lock = threading.Lock()
         self._steals_seen = 0
         self._steals_source: Callable[[], int] | None = None
@@ -154,6 +161,8 @@ class PrometheusSink:
         self.busy.add(step)
         if self._steals_source is not None:
             self.sync_steals(self._steals_source())
+        if step.kv is not None:
+            self._record_kv(labels, step.kv)
         allocator = step.allocator
         if allocator is None and self._allocator_source is not None:
             allocator = self._allocator_source()
@@ -183,6 +192,29 @@ class PrometheusSink:
                         totals[(tier.tier, state)] = totals.get((tier.tier, state), 0) + value
             for (tier_name, state), value in totals.items():
                 self.metrics.allocator_bytes.labels(tier_name, state).set(value)
+
+    def _record_kv(self, labels: tuple[str, str], kv: KVCacheStats) -> None:
+        """Page gauges as reported; counters advance by the cumulative counts' delta."""
+        m = self.metrics
+        m.kv_cache_usage.labels(*labels).set(kv.usage_ratio)
+        for state, count in (
+            ("used", kv.num_used_pages),
+            ("cached", kv.num_cached_pages),
+            ("free", kv.num_free_pages),
+        ):
+            m.kv_cache_pages.labels(*labels, state).set(count)
+        for name, counter, now in (
+            ("queries", m.prefix_cache_queries, kv.prefix_query_tokens),
+            ("hits", m.prefix_cache_hits, kv.prefix_hit_tokens),
+            ("preemptions", m.num_preemptions, kv.num_preemptions),
+        ):
+            key = (*labels, name)
+            with self._lock:
+                before = self._kv_counts.get(key, 0)
+                self._kv_counts[key] = now
+            delta = now - before if now >= before else now  # the engine was replaced
+            if delta:
+                counter.labels(*labels).inc(delta)
 
     def _record_request(self, r: RequestStats) -> None:
         m = self.metrics

@@ -29,6 +29,7 @@ import torch
 from runtime.errors import ConfigError
 from runtime.memory.kv_pool import PagePool, page_key
 from runtime.memory.kv_report import pool_rows
+from runtime.memory.kv_scratch import GatherScratch
 from runtime.memory.stats import KVCacheStats
 
 if TYPE_CHECKING:
@@ -38,15 +39,18 @@ TokenSlice = Callable[[int, int], Sequence[int]]  # (start, end) -> the sequence
 
 
 class SequenceKV:
-    def __init__(self, data: torch.Tensor, seq_id: str = "") -> None:
-        self.data = data  # the pool: [num_layers, 2, num_pages, block_size, kv_heads, head_dim]
-        self.block_size = int(data.shape[3])
+    def __init__(
+        self, data: torch.Tensor, seq_id: str = "", scratch: GatherScratch | None = None
+    ) -> None:
+        self.data = data  # the pool: [num_layers, 2, kv_heads, num_pages, block_size, head_dim]
+        self.block_size = int(data.shape[4])
         self.seq_id = seq_id
         self.page_ids: list[int] = []  # the block table
         self.num_tokens = 0  # tokens whose K/V are already stored
         self.keys: list[bytes] = []  # prefix keys of the first len(keys) pages (all full)
         self.num_cached_tokens = 0  # tokens found in the prefix cache when allocated
         self.born_s = time.monotonic()
+        self.scratch = scratch  # the cache's gather buffer (runtime.models.paged_attention)
 
     @property
     def capacity(self) -> int:
@@ -85,7 +89,7 @@ class KVCache:
                 f"({self.bytes_per_page} bytes each, one of them the zero page)",
                 param="kv_cache_bytes",
             )
-        shape = (num_layers, 2, num_pages, block_size, num_kv_heads, head_dim)
+        shape = (num_layers, 2, num_kv_heads, num_pages, block_size, head_dim)
         block = allocator.alloc(shape, dtype, owner=owner)
         self.pool = PagePool(block.tensor)
         self.max_bytes, self.owner, self.allocator = max_bytes, owner, allocator
@@ -94,6 +98,7 @@ class KVCache:
         self._seqs: dict[str, SequenceKV] = {}
         self._lock = threading.Lock()
         self._born_s = time.monotonic()
+        self.scratch = GatherScratch(allocator, dtype, owner=f"{owner}:gather")
         allocator.set_breakdown(block, self.report)
         # the block goes back when the engine closes the cache, or when the cache is dropped
         self._close = weakref.finalize(self, allocator.release, block)
@@ -131,7 +136,7 @@ class KVCache:
         with self._lock:
             if seq_id in self._seqs:
                 raise ValueError(f"sequence {seq_id!r} already has KV")
-            kv = SequenceKV(self.pool.data, seq_id)
+            kv = SequenceKV(self.pool.data, seq_id, self.scratch)
             if self.enable_prefix_caching:
                 self._reuse_prefix(kv, token_ids)
             self._seqs[seq_id] = kv
@@ -197,7 +202,9 @@ class KVCache:
             for page in reversed(kv.page_ids):
                 self.pool.release(page)
             kv.page_ids, kv.keys, kv.num_tokens = [], [], 0  # capacity 0: a stale use fails
-            kv.data = kv.data.new_empty((0,) * 6)
+            kv.data, kv.scratch = kv.data.new_empty((0,) * 6), None
+            if not self._seqs:  # no forward can be running: its buffer goes back too
+                self.scratch.release()
 
     def close(self) -> None:
         """Give the pool's memory back (engine shutdown); the cache is unusable afterwards."""
@@ -206,6 +213,7 @@ class KVCache:
                 kv.page_ids, kv.data = [], kv.data.new_empty((0,) * 6)
             self._seqs.clear()
             self.pool.data = self.pool.data.new_empty((0,) * 6)
+        self.scratch.release()
         self._close()
 
     # --- reports -------------------------------------------------------------------------------

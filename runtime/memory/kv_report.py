@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 def pool_rows(cache: KVCache, seqs: list[SequenceKV]) -> list[LiveBlock]:
     """Under the cache's lock."""
     pool, now = cache.pool, time.monotonic()
-    layers, _, _, block, heads, dim = pool.data.shape
+    layers, _, heads, _, block, dim = pool.data.shape
 
     def row(owner: str, num_pages: int, born_s: float) -> LiveBlock:
         return LiveBlock(
@@ -29,7 +29,7 @@ def pool_rows(cache: KVCache, seqs: list[SequenceKV]) -> list[LiveBlock]:
             reserved_bytes=num_pages * cache.bytes_per_page,
             tier=cache.tier,
             age_s=now - born_s,
-            shape=(layers, 2, num_pages, block, heads, dim),
+            shape=(layers, 2, heads, num_pages, block, dim),
             dtype=str(cache.dtype).removeprefix("torch."),
             num_handles=num_pages,
             is_released=False,

@@ -28,15 +28,16 @@ class SeqSlice:
 
 @dataclass
 class BatchPlan:
-    pool: Tensor  # [num_layers, 2, num_pages, block_size, kv_heads, head_dim]
+    pool: Tensor  # [num_layers, 2, kv_heads, num_pages, block_size, head_dim]
     positions: Tensor  # [T] absolute position of every packed token
     write_slots: Tensor  # [T] page * block_size + offset: where each new token's K/V goes
     num_rows: int
     q_tile: int  # query tokens per row
     num_keys: int  # key positions per row (pages per row * block_size)
-    # [2 * num_rows * pages per row]: the rows' pages in a layer's [2 * num_pages] page view,
-    # keys then values (value page = key page + num_pages); zero-page padded
+    # [2 * kv_heads * num_rows * pages per row]: the rows' pages (zero-page padded) in a layer's
+    # [2 * kv_heads * num_pages] page view, for keys then values, head by head
     kv_table: Tensor
+    gather_out: Tensor | None  # [len(kv_table), block_size * head_dim] reused by every layer
     # [num_rows * q_tile] packed token of each query slot, and [T] query slot of each packed
     # token; None when q_tile == 1 (row r is token r)
     query_index: Tensor | None
@@ -51,7 +52,11 @@ class BatchPlan:
         if not seqs:
             raise ValueError("a forward needs at least one sequence")
         pool, size = seqs[0].kv.data, seqs[0].kv.block_size
-        num_pages = int(pool.shape[2])
+        num_kv_heads, num_pages, head_dim = (
+            int(pool.shape[2]),
+            int(pool.shape[3]),
+            int(pool.shape[5]),
+        )
         positions: list[int] = []
         slots: list[int] = []
         for seq in seqs:
@@ -106,6 +111,15 @@ class BatchPlan:
             else:
                 expanded = allowed[:, None, :, None].expand(-1, 1, -1, group, -1)
                 mask = expanded.reshape(len(rows), 1, q_tile * group, num_keys)
+        kv_table = gather_out = None
+        if not single_prefill:
+            rows_pages = tensor(table_flat)
+            heads = torch.arange(2 * num_kv_heads, device=device)[:, None] * num_pages
+            kv_table = (heads + rows_pages).view(-1)
+            scratch = seqs[0].kv.scratch
+            numel = kv_table.numel() * size * head_dim
+            flat = pool.new_empty(numel) if scratch is None else scratch.take(numel)
+            gather_out = flat.view(kv_table.numel(), size * head_dim)
         output_index = None
         if q_tile > 1:
             slot_of = [0] * len(positions)
@@ -120,7 +134,8 @@ class BatchPlan:
             num_rows=len(rows),
             q_tile=q_tile,
             num_keys=pages_per_row * size,
-            kv_table=tensor(table_flat + [p + num_pages for p in table_flat]),
+            kv_table=kv_table if kv_table is not None else tensor([]),
+            gather_out=gather_out,
             query_index=tensor(query_index) if q_tile > 1 else None,
             output_index=output_index,
             mask=mask,

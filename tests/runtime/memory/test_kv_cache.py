@@ -35,7 +35,7 @@ def fill(cache: KVCache, seq_id: str, tokens: list[int]) -> None:
     assert cache.ensure(kv, len(tokens) - kv.num_tokens)
     for pos in range(kv.num_tokens, len(tokens)):
         page, slot = kv.page_ids[pos // BLOCK], pos % BLOCK
-        kv.data[:, :, page, slot] = float(tokens[pos])
+        kv.data[:, :, :, page, slot] = float(tokens[pos])
     kv.advance(len(tokens) - kv.num_tokens)
     cache.cache_full_pages(kv, lambda a, b: tokens[a:b])
 
@@ -54,7 +54,7 @@ def test_the_pool_is_one_allocator_block_reported_as_pages() -> None:
     assert kv.num_tokens == 0 and kv.capacity == 0  # nothing taken up front
     assert cache.ensure(kv, 5) and len(kv.page_ids) == 2 and kv.capacity == 8
     assert cache.ensure(kv, 3) and len(kv.page_ids) == 2  # still inside page 2
-    assert torch.count_nonzero(kv.data[:, :, kv.page_ids]) == 0  # handed out zeroed
+    assert torch.count_nonzero(kv.data[:, :, :, kv.page_ids]) == 0  # handed out zeroed
     assert rows(cache) == {"r1": 2, "kv-cache:free": 14, "kv-cache:zero-page": 1}
     with pytest.raises(ValueError):
         cache.allocate("r1", [])
@@ -106,7 +106,7 @@ def test_the_longest_cached_prefix_is_shared_and_freed_by_its_last_holder() -> N
     again = cache.allocate("d", prompt)  # from the cache, contents as computed by a
     assert again.num_tokens == 8
     torch.testing.assert_close(
-        again.data[0, 0, again.page_ids[1], :, 0, 0], torch.tensor([104.0, 105, 106, 107])
+        again.data[0, 0, 0, again.page_ids[1], :, 0], torch.tensor([104.0, 105, 106, 107])
     )
 
 

@@ -75,7 +75,7 @@ class PagedKV(RuleBasedStateMachine):
         for pos in range(kv.num_tokens, kv.num_tokens + n):
             page = kv.page_ids[pos // BLOCK]
             assert pool.refcounts[page] == 1 and not pool.is_keyed(page), "shared write"
-            kv.data[0, :, page, pos % BLOCK] = float(tokens[pos] * 100 + pos)
+            kv.data[0, :, :, page, pos % BLOCK] = float(tokens[pos] * 100 + pos)
         kv.advance(n)
         self.cache.cache_full_pages(kv, lambda a, b: tokens[a:b])
 
@@ -110,7 +110,7 @@ class PagedKV(RuleBasedStateMachine):
             if key is None:
                 self.snapshots.pop(page, None)  # evicted (or never keyed): it may be written
                 continue
-            now = pool.data[:, :, page].clone()
+            now = pool.data[:, :, :, page].clone()
             before_key, before = self.snapshots.setdefault(page, (key, now))
             if before_key != key:  # evicted and keyed again within one step: a new prefix
                 self.snapshots[page] = (key, now)
