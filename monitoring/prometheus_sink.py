@@ -85,7 +85,8 @@ class PrometheusSink:
         self._known_models = {m for m, _ in models}
         self._alloc_latest: dict[str, AllocatorStats] = {}
         self._alloc_counts: dict[tuple[str, str, str], int] = {}
-        self._kv_counts: dict[tuple[str, str, str], int] = {}  # (model, version, counter) -> last
+        self._kv_latest: dict[tuple[str, str], dict[str, KVCacheStats]] = {}  # labels -> pools
+        self._kv_counts: dict[tuple[str, str], int] = {}  # (pool, counter) -> last cumulative
         self._lock = threading.Lock()
         self._steals_seen = 0
         self._steals_source: Callable[[], int] | None = None
@@ -194,25 +195,33 @@ class PrometheusSink:
                 self.metrics.allocator_bytes.labels(tier_name, state).set(value)
 
     def _record_kv(self, labels: tuple[str, str], kv: KVCacheStats) -> None:
-        """Page gauges as reported; counters advance by the cumulative counts' delta."""
+        """Gauges: the latest stats of every pool of (model, version) summed (replicas have a
+        pool each). Counters advance by each pool's cumulative counts' delta."""
         m = self.metrics
-        m.kv_cache_usage.labels(*labels).set(kv.usage_ratio)
-        for state, count in (
-            ("used", kv.num_used_pages),
-            ("cached", kv.num_cached_pages),
-            ("free", kv.num_free_pages),
-        ):
-            m.kv_cache_pages.labels(*labels, state).set(count)
-        for name, counter, now in (
-            ("queries", m.prefix_cache_queries, kv.prefix_query_tokens),
-            ("hits", m.prefix_cache_hits, kv.prefix_hit_tokens),
-            ("preemptions", m.num_preemptions, kv.num_preemptions),
-        ):
-            key = (*labels, name)
-            with self._lock:
+        with self._lock:
+            pools = self._kv_latest.setdefault(labels, {})
+            pools[kv.pool_id] = kv
+            total = KVCacheStats.total(list(pools.values()))
+            deltas = []
+            for name, now in (
+                ("queries", kv.prefix_query_tokens),
+                ("hits", kv.prefix_hit_tokens),
+                ("preemptions", kv.num_preemptions),
+            ):
+                key = (kv.pool_id, name)
                 before = self._kv_counts.get(key, 0)
                 self._kv_counts[key] = now
-            delta = now - before if now >= before else now  # the engine was replaced
+                deltas.append(now - before if now >= before else now)  # the pool was replaced
+        m.kv_cache_usage.labels(*labels).set(total.usage_ratio)
+        for state, count in (
+            ("used", total.num_used_pages),
+            ("cached", total.num_cached_pages),
+            ("free", total.num_free_pages),
+        ):
+            m.kv_cache_pages.labels(*labels, state).set(count)
+        for counter, delta in zip(
+            (m.prefix_cache_queries, m.prefix_cache_hits, m.num_preemptions), deltas, strict=True
+        ):
             if delta:
                 counter.labels(*labels).inc(delta)
 

@@ -78,7 +78,8 @@ def build_parts(
         dtype=loaded.dtype,
         device=loaded.device,
         allocator=allocator,
-        max_bytes=config.kv_cache_bytes,
+        # an encoder never generates (validate refuses it): a pool of one page, not the budget
+        max_bytes=config.kv_cache_bytes if loaded.is_causal_lm else 0,
         block_size=config.kv_block_size,
         enable_prefix_caching=config.enable_prefix_caching,
         model_version=f"{config.model_name}/{config.model_version}",

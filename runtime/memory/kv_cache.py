@@ -82,7 +82,8 @@ class KVCache:
         self.enable_prefix_caching, self.model_version = enable_prefix_caching, model_version
         self.bytes_per_token = num_layers * 2 * num_kv_heads * head_dim * dtype.itemsize
         self.bytes_per_page = block_size * self.bytes_per_token
-        num_pages = max_bytes // self.bytes_per_page  # the zero page included
+        # the zero page included; max_bytes 0: the smallest pool (an engine that never generates)
+        num_pages = max_bytes // self.bytes_per_page if max_bytes else 2
         if block_size < 1 or num_pages < 2:
             raise ConfigError(
                 f"kv_cache_bytes={max_bytes} holds no page of {block_size} tokens "
@@ -98,6 +99,7 @@ class KVCache:
         self._seqs: dict[str, SequenceKV] = {}
         self._lock = threading.Lock()
         self._born_s = time.monotonic()
+        self.pool_id = f"{owner}#{id(self):x}"
         self.scratch = GatherScratch(allocator, dtype, owner=f"{owner}:gather")
         allocator.set_breakdown(block, self.report)
         # the block goes back when the engine closes the cache, or when the cache is dropped
@@ -228,6 +230,7 @@ class KVCache:
                 num_free_pages=pool.num_free,
                 prefix_query_tokens=self.num_query_tokens,
                 prefix_hit_tokens=self.num_hit_tokens,
+                pool_id=self.pool_id,
             )
 
     def report(self) -> list[LiveBlock]:

@@ -100,7 +100,9 @@ def test_kv_cursor_is_not_advanced_by_forward(pair) -> None:
     ours(torch.tensor([1, 2, 3]), [SeqSlice(0, 3, kv)])
     assert kv.num_tokens == 0
     (page,) = kv.page_ids
-    assert kv.data[:, :, :, page, :3].abs().sum() > 0 and kv.data[:, :, :, page, 3:].abs().sum() == 0
+    assert (
+        kv.data[:, :, :, page, :3].abs().sum() > 0 and kv.data[:, :, :, page, 3:].abs().sum() == 0
+    )
 
 
 def test_kv_overflow_is_refused(pair) -> None:

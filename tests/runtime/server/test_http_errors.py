@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -145,3 +146,32 @@ def test_overload_is_429_rate_limit_error(demo_model_dir: Callable[[str], Path])
             hooks.release()
             assert running.result(30).usage.completion_tokens == 2
             assert queued.result(30).usage.completion_tokens == 2
+
+
+def test_admin_memory_names_the_pages_each_request_holds(served: LiveServer) -> None:
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    loaded = served.state.router.pick("llama").engine.loaded
+    hooks = ModelHooks(loaded)
+    hooks.sleep_s = 0.05  # slow steps: the request is still running when the report is read
+    body = {"model": "llama", "prompt": "page " * 40, "max_tokens": 500, "ignore_eos": True}
+    try:
+        with httpx.stream(
+            "POST", f"{served.url}/v1/completions", json={**body, "stream": True}, headers=AUTH
+        ) as stream:
+            lines = stream.iter_lines()  # held: a dropped iterator closes the stream (a cancel)
+            first = next(line for line in lines if line.startswith("data: {"))
+            rid = json.loads(first.removeprefix("data: "))["id"]
+            report = httpx.get(f"{served.url}/admin/memory", headers=admin).json()
+    finally:
+        loaded.model.forward = hooks._forward  # type: ignore[method-assign]
+    (allocator,) = report["allocators"]
+    pool_rows = {f"kv-cache:llama/stable:{s}" for s in ("shared", "cached", "free", "zero-page")}
+    rows = [b for b in allocator["live_blocks"] if b["owner"] in pool_rows]
+    mine = [b for b in allocator["live_blocks"] if b["owner"] == rid]
+    assert len(mine) == 1 and mine[0]["num_handles"] >= 3  # a 40-token prompt's pages
+    kv = {k["model"]: k for k in report["kv_caches"]}["llama"]
+    # the pool's rows (request, shared, cached, free, zero page) add up to every page
+    assert sum(b["num_handles"] for b in rows + mine) == kv["num_pages"] + 1
+    assert kv["num_used_pages"] >= mine[0]["num_handles"]
+    page_bytes = mine[0]["nbytes"] // mine[0]["num_handles"]
+    assert sum(b["nbytes"] for b in rows + mine) == (kv["num_pages"] + 1) * page_bytes
