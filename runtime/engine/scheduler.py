@@ -170,8 +170,11 @@ class Scheduler:
             seq.kv_capacity if self.config.reserve_full_sequence else kv.num_tokens + num_tokens
         )
         need = self.kv.pages_for(wanted) - len(kv.page_ids)
-        # the running sequences' next pages come first: leave a little headroom for them
+        # the running sequences' next pages come first: leave a little headroom for them (none
+        # needed when every sequence got all its pages up front)
         headroom = min(len(self.running), max(1, self.kv.num_pages // 100))
+        if self.config.reserve_full_sequence:
+            headroom = 0
         if need + headroom > self.kv.num_available_pages() or not self.kv.ensure(
             kv, wanted - kv.num_tokens
         ):
