@@ -18,6 +18,8 @@ from torch import Tensor
 
 from runtime.memory.kv_cache import SequenceKV
 
+GATHER_BUDGET_BYTES = 64 << 20  # a gather may take more rows than sequences up to this size
+
 
 @dataclass
 class SeqSlice:
@@ -82,12 +84,16 @@ class BatchPlan:
             return torch.tensor(values, dtype=torch.long, device=device)
 
         lengths = [seq.end - seq.start for seq in seqs]
-        q_tile = _pick_q_tile(lengths, group)
+        pages = [-(-(seq.kv.num_tokens + n) // size) for seq, n in zip(seqs, lengths, strict=True)]
+        pages_per_row = max(pages)
+        # rows beyond one per sequence only while the gather stays within a bound (a long
+        # context beside short ones pads every row to its table: see docs/kv_cache.md)
+        row_bytes = pages_per_row * 2 * num_kv_heads * size * head_dim * pool.element_size()
+        max_rows = max(len(seqs), GATHER_BUDGET_BYTES // max(row_bytes, 1))
+        q_tile = _pick_q_tile(lengths, group, max_rows)
         rows = [
             (s, j, min(q_tile, n - j)) for s, n in enumerate(lengths) for j in range(0, n, q_tile)
         ]
-        pages = [-(-(seq.kv.num_tokens + n) // size) for seq, n in zip(seqs, lengths, strict=True)]
-        pages_per_row = max(pages[s] for s, _, _ in rows) if rows else 1
         table_flat: list[int] = []
         query_index: list[int] = []
         query_pos: list[int] = []
@@ -143,17 +149,19 @@ class BatchPlan:
         )
 
 
-def _pick_q_tile(lengths: Sequence[int], group: int) -> int:
-    """The query tile with the least estimated work. Per row and key position a row pays one
-    gathered key and value (weighted 4: a copy costs more than a multiply-add here) plus one
-    score and one weighted value per query head (q_tile * group per kv head)."""
+def _pick_q_tile(lengths: Sequence[int], group: int, max_rows: int) -> int:
+    """The query tile with the least estimated work among those giving at most `max_rows` rows
+    (the gather buffer holds rows x the longest block table; more rows, more memory). Per row
+    and key position a row pays one gathered key and value (weighted 8: a copy costs more than a
+    multiply-add here) plus one score and one weighted value per query head (tile * group per
+    kv head). The largest tile (one row per sequence) is always allowed."""
     longest = max(lengths)
-    best, best_cost = 1, None
+    best, best_cost = longest, None
     tile = 1
     while True:
         rows = sum(-(-n // tile) for n in lengths)
         cost = rows * (8 + tile * group)
-        if best_cost is None or cost < best_cost:
+        if rows <= max_rows and (best_cost is None or cost < best_cost):
             best, best_cost = tile, cost
         if tile >= longest:
             return best

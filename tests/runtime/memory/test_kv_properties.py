@@ -33,6 +33,8 @@ PROMPTS = st.builds(
 
 
 class PagedKV(RuleBasedStateMachine):
+    device = "cpu"  # the CUDA variant (test_paged_cuda.py) puts the pool in device memory
+
     def __init__(self) -> None:
         super().__init__()
         self.cache = KVCache(
@@ -40,8 +42,8 @@ class PagedKV(RuleBasedStateMachine):
             num_kv_heads=1,
             head_dim=1,
             dtype=torch.float32,
-            device="cpu",
-            allocator=Allocator(TINY),
+            device=self.device,
+            allocator=Allocator(TINY, device=self.device),
             max_bytes=(NUM_PAGES + 1) * BLOCK * 8,  # 8 bytes a token (K and V, one float each)
             block_size=BLOCK,
         )
