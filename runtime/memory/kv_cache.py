@@ -205,8 +205,6 @@ class KVCache:
                 self.pool.release(page)
             kv.page_ids, kv.keys, kv.num_tokens = [], [], 0  # capacity 0: a stale use fails
             kv.data, kv.scratch = kv.data.new_empty((0,) * 6), None
-            if not self._seqs:  # no forward can be running: its buffer goes back too
-                self.scratch.release()
 
     def close(self) -> None:
         """Give the pool's memory back (engine shutdown); the cache is unusable afterwards."""

@@ -16,11 +16,12 @@ CPU the OS backs a large block lazily, page by page as it is first written, and 
 out lowest id first, so resident memory follows the peak number of pages in use, not the cap.
 
 Page states: *free* (on a min-heap), *used* (held by >= 1 sequence: `refcounts[p] > 0`) and
-*cached* (held by none but keyed in the prefix index; LRU order, evicted oldest first when no free
-page is left). A page is zeroed when it is handed out (fresh memory may hold NaN bit patterns, and
-a masked key still multiplies its value by 0). Page 0 is the zero page: never handed out; padding
-in a batched gather points at it. A keyed page is full and is never written again: only the
-unkeyed page at a sequence's cursor is written, and it is held by that sequence alone.
+*cached* (held by none but keyed in the prefix index; LRU order, evicted oldest first when no
+free page is left, and on CPU before a page that was never written is touched). A page is zeroed
+when it is handed out (fresh memory may hold NaN bit patterns, and a masked key still multiplies
+its value by 0). Page 0 is the zero page: never handed out; padding in a batched gather points
+at it. A keyed page is full and is never written again: only the unkeyed page at a sequence's
+cursor is written, and it is held by that sequence alone.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ class PagePool:
         self._lru: OrderedDict[int, None] = OrderedDict()  # cached pages, oldest first
         self._by_key: dict[bytes, int] = {}
         self._key_of: dict[int, bytes] = {}
+        self.lazy = data.device.type == "cpu"  # memory becomes resident when first written
+        self._touched = ZERO_PAGE + 1  # pages below this id have been written
         data[:, :, :, ZERO_PAGE].zero_()
 
     # --- counts --------------------------------------------------------------------------------
@@ -86,10 +89,18 @@ class PagePool:
         None when there are not that many: no room is a return value, never a partial grant."""
         if not self.can_take(n):
             return None
-        pages = [heapq.heappop(self._free) for _ in range(min(n, len(self._free)))]
-        while len(pages) < n:  # evict: the page's old prefix is forgotten before it is reused
-            page, _ = self._lru.popitem(last=False)
-            del self._by_key[self._key_of.pop(page)]
+        pages: list[int] = []
+        free, lru = self._free, self._lru
+        while len(pages) < n:
+            # a free page whose memory was written before; on CPU an untouched one is not
+            # resident yet, so a cached page is evicted first: resident memory then follows the
+            # peak of pages in use, not an ever-growing cache (on CUDA the pool is reserved)
+            if free and (free[0] < self._touched or not lru or not self.lazy):
+                page = heapq.heappop(free)
+                self._touched = max(self._touched, page + 1)
+            else:  # evict: the page's old prefix is forgotten before it is reused
+                page, _ = lru.popitem(last=False)
+                del self._by_key[self._key_of.pop(page)]
             pages.append(page)
         for page in pages:
             self.refcounts[page] = 1

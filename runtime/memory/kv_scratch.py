@@ -3,8 +3,9 @@
 Why: a step's gather is megabytes (rows x pages x page bytes, keys and values); a fresh tensor
 of that size per layer is fresh memory from the OS each time on CPU (page faults: measured ~2x
 the copy itself). One buffer per KV cache (one forward runs at a time per engine) grows to the
-largest gather seen and goes back to the allocator when the cache holds no sequence, so an idle
-engine keeps nothing beyond its page pool.
+largest gather seen (a quarter more, so a slowly growing batch does not regrow it every step)
+and is kept until the cache closes: given back whenever the engine idles, it was allocated and
+faulted in again at every burst (the soak saw RSS swing by its size).
 """
 
 from __future__ import annotations

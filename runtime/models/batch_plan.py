@@ -18,7 +18,8 @@ from torch import Tensor
 
 from runtime.memory.kv_cache import SequenceKV
 
-GATHER_BUDGET_BYTES = 64 << 20  # a gather may take more rows than sequences up to this size
+# a gather may take more rows than sequences up to this size (or one layer of the pool, if less)
+GATHER_BUDGET_BYTES = 16 << 20
 
 
 @dataclass
@@ -89,7 +90,9 @@ class BatchPlan:
         # rows beyond one per sequence only while the gather stays within a bound (a long
         # context beside short ones pads every row to its table: see docs/kv_cache.md)
         row_bytes = pages_per_row * 2 * num_kv_heads * size * head_dim * pool.element_size()
-        max_rows = max(len(seqs), GATHER_BUDGET_BYTES // max(row_bytes, 1))
+        layer_bytes = pool[0].numel() * pool.element_size()  # a small pool, a small buffer
+        budget = min(GATHER_BUDGET_BYTES, layer_bytes)
+        max_rows = max(len(seqs), budget // max(row_bytes, 1))
         q_tile = _pick_q_tile(lengths, group, max_rows)
         rows = [
             (s, j, min(q_tile, n - j)) for s, n in enumerate(lengths) for j in range(0, n, q_tile)

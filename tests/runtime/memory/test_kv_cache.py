@@ -164,3 +164,17 @@ def test_close_gives_the_pool_back_to_the_allocator() -> None:
     fill(cache, "s", [1, 2, 3])
     cache.close()
     assert allocator.stats().bytes_in_use == 0 and allocator.leak_report() == []
+
+
+def test_on_cpu_cached_pages_are_reused_before_memory_never_written() -> None:
+    """An untouched page of the reserved pool is not resident yet: evicting a cached page keeps
+    resident memory at the peak of pages in use instead of growing with the cache."""
+    cache = make_cache(num_pages=16)
+    fill(cache, "a", list(range(1, 10)))  # pages 1, 2 (keyed) and 3
+    cache.free("a")
+    assert cache.stats().num_cached_pages == 2
+    b = cache.allocate("b", [])
+    assert cache.ensure(b, 12)  # 3 pages: page 3 (free), then the cached ones, not page 4
+    assert sorted(b.page_ids) == [1, 2, 3] and cache.stats().num_cached_pages == 0
+    assert cache.ensure(b, 16)  # a 4th page: nothing cached is left, so a new one is touched
+    assert b.page_ids[-1] == 4

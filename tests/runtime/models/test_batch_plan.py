@@ -9,7 +9,7 @@ import torch
 from runtime.memory import Allocator
 from runtime.memory.kv_cache import KVCache, SequenceKV
 from runtime.models import ops, paged_attention
-from runtime.models.batch_plan import BatchPlan, SeqSlice
+from runtime.models.batch_plan import GATHER_BUDGET_BYTES, BatchPlan, SeqSlice
 
 HQ, HKV, D, BLOCK = 4, 2, 8, 4
 
@@ -92,5 +92,5 @@ def test_a_long_context_beside_short_ones_keeps_the_gather_bounded() -> None:
         start += n
     plan = BatchPlan.build(slices, torch.zeros(start, dtype=torch.long), HQ // HKV)
     row_bytes = plan.num_keys * 2 * HKV * D * 4
-    assert plan.num_rows * row_bytes <= max(31 * row_bytes, 64 << 20)
+    assert plan.num_rows * row_bytes <= max(31 * row_bytes, GATHER_BUDGET_BYTES)
     assert plan.gather_out is not None and plan.gather_out.numel() * 4 == plan.num_rows * row_bytes
