@@ -100,7 +100,7 @@ class KVCache:
         self._lock = threading.Lock()
         self._born_s = time.monotonic()
         self.pool_id = f"{owner}#{id(self):x}"
-        self.scratch = GatherScratch(allocator, dtype, owner=f"{owner}:gather")
+        self.scratch = GatherScratch(dtype, self.device)
         allocator.set_breakdown(block, self.report)
         # the block goes back when the engine closes the cache, or when the cache is dropped
         self._close = weakref.finalize(self, allocator.release, block)
