@@ -143,12 +143,15 @@ dashboard = make_dashboard(
                 (
                     12,
                     series(
-                        "Allocator hit ratio",
-                        "hits / (hits + misses) per tier; the small tier should stay near 1.",
+                        "Allocator hit ratio (since start)",
+                        "hits / (hits + misses) per tier since the process started; the small "
+                        "tier should stay near 1. Counted since start, not per interval: the KV "
+                        "page pool is one block taken at start, so under steady serving the "
+                        "tiers may see no allocation for a long time.",
                         [
                             prom(
-                                f"sum by (tier) (rate({events('hit')}[{RATE}])) / "
-                                f"sum by (tier) (rate({events('hit|miss')}[{RATE}]))",
+                                f"sum by (tier) ({events('hit')}) / "
+                                f"sum by (tier) ({events('hit|miss')})",
                                 "{{tier}}",
                             )
                         ],

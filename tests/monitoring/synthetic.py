@@ -34,6 +34,7 @@ def finished_request(
         finished_ts=done,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
+        cached_tokens=prompt_tokens // 32 * 16,  # some of the prompt from the prefix cache
         max_tokens=completion_tokens + 4,
         finished_reason=reason,
         batch_size=2,

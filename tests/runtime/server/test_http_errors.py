@@ -175,3 +175,21 @@ def test_admin_memory_names_the_pages_each_request_holds(served: LiveServer) -> 
     assert kv["num_used_pages"] >= mine[0]["num_handles"]
     page_bytes = mine[0]["nbytes"] // mine[0]["num_handles"]
     assert sum(b["nbytes"] for b in rows + mine) == (kv["num_pages"] + 1) * page_bytes
+
+
+def test_a_prompt_longer_than_the_kv_pool_is_a_400_naming_the_limit(
+    demo_model_dir: Callable[[str], Path],
+) -> None:
+    path = demo_model_dir("llama")
+    config = EngineConfig(model_path=path, model_name="llama", device="cpu", kv_cache_bytes=1 << 19)
+    make = router_of(llama=lambda sink: Engine(config, sink))
+    with live_server(light_settings(), make) as server:
+        engine = server.state.router.pick("llama").engine
+        limit = engine._parts.kv_cache.max_tokens  # 63 pages of 16 tokens
+        body = {"model": "llama", "prompt": [5] * (limit + 100), "max_tokens": 2}
+        response = httpx.post(f"{server.url}/v1/completions", json=body, headers=AUTH, timeout=30)
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert error["param"] == "prompt" and error["type"] == "invalid_request_error"
+        assert f"({limit} tokens)" in error["message"] and "KV cache" in error["message"]
+        assert engine.num_waiting == 0  # refused, not queued
