@@ -35,7 +35,12 @@ from bench.soak_run import run_soak, to_json
 from runtime.models.demo import make_demo_model
 
 DEFAULT_CACHE = Path(os.environ.get("FASTLLM_BENCH_CACHE", "/tmp/fastllm-bench"))
-TARGETS = {"rss_fluctuation_pct": 2.0, "rss_growth_pct": 1.0, "live_blocks_after_drain": 0}
+TARGETS = {
+    "rss_fluctuation_pct": 2.0,
+    "rss_growth_pct": 1.0,
+    "live_blocks_after_drain": 0,
+    "kv_pages_held_after_drain": 0,
+}
 MODES = ("pooled", "unpooled")
 QUICK_REQUESTS = 1000
 

@@ -52,6 +52,7 @@ class SoakFigures:
     failed_requests: int
     seconds: float  # wall clock of the workload
     cpu_seconds: float  # process CPU time of the workload (all threads)
+    kv_pages_held_after_drain: int = 0  # pages some sequence still held once all finished
 
 
 def fluctuation_pct(values: Sequence[float]) -> float:
@@ -195,6 +196,7 @@ def run_soak(
         on_submit=on_submit,
     )
     engine.shutdown(drain_timeout_s=30)
+    pages_held = engine.kv_cache_stats().num_used_pages  # before the pool itself went back
     if monitoring is not None:
         monitoring.shutdown()
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
@@ -208,6 +210,7 @@ def run_soak(
         failed_requests=sink.num_failed,
         seconds=seconds,
         cpu_seconds=cpu_seconds,
+        kv_pages_held_after_drain=pages_held,
     )
 
 
@@ -220,6 +223,7 @@ def summarize(
     failed_requests: int,
     seconds: float,
     cpu_seconds: float = 0.0,
+    kv_pages_held_after_drain: int = 0,
 ) -> SoakFigures:
     kept = after_warmup(samples, num_requests)
     if len(kept) < 2:
@@ -237,6 +241,7 @@ def summarize(
         failed_requests=failed_requests,
         seconds=round(seconds, 1),
         cpu_seconds=round(cpu_seconds, 1),
+        kv_pages_held_after_drain=kv_pages_held_after_drain,
     )
 
 

@@ -2,7 +2,15 @@
 
 from grafanalib.core import TimeSeries
 
-from dashboards.common import INSTANCE_SEL, PROMETHEUS, RATE, bar_gauge, make_dashboard, prom
+from dashboards.common import (
+    INSTANCE_SEL,
+    MODEL_SEL,
+    PROMETHEUS,
+    RATE,
+    bar_gauge,
+    make_dashboard,
+    prom,
+)
 
 USAGE = f"fastllm_memory_usage{{{INSTANCE_SEL}}}"
 TOTAL = f"fastllm_memory_total{{{INSTANCE_SEL}}}"
@@ -14,6 +22,16 @@ GROWTH_STEPS = [{"color": "green", "value": None}, {"color": "orange", "value": 
 def events(event: str) -> str:
     return f'fastllm_allocator_events_total{{{INSTANCE_SEL}, event=~"{event}"}}'
 
+
+KV_USAGE = f"fastllm_kv_cache_usage_ratio{{{MODEL_SEL}}}"
+KV_PAGES = f"sum by (state) (fastllm_kv_cache_pages{{{MODEL_SEL}}})"
+PREFIX_HIT_RATE = (
+    f"sum by (model, version) (rate(fastllm_prefix_cache_hits_total{{{MODEL_SEL}}}[{RATE}])) / "
+    f"sum by (model, version) (rate(fastllm_prefix_cache_queries_total{{{MODEL_SEL}}}[{RATE}]))"
+)
+PREEMPTIONS = (
+    f"sum by (model, version) (rate(fastllm_num_preemptions_total{{{MODEL_SEL}}}[{RATE}]))"
+)
 
 UTILIZATION_STEPS = [
     {"color": "green", "value": None},
@@ -39,7 +57,8 @@ def series(title: str, description: str, targets: list, unit: str, **kwargs) -> 
 dashboard = make_dashboard(
     uid="fastllm-memory",
     title="fastllm / Memory",
-    description="fastllm_memory_usage / fastllm_memory_total per type, allocator tiers, growth.",
+    description="fastllm_memory_usage / fastllm_memory_total per type, allocator tiers, growth, "
+    "KV cache pages, prefix-cache hits and preemptions.",
     rows=[
         (
             6,
@@ -124,12 +143,15 @@ dashboard = make_dashboard(
                 (
                     12,
                     series(
-                        "Allocator hit ratio",
-                        "hits / (hits + misses) per tier; the small tier should stay near 1.",
+                        "Allocator hit ratio (since start)",
+                        "hits / (hits + misses) per tier since the process started; the small "
+                        "tier should stay near 1. Counted since start, not per interval: the KV "
+                        "page pool is one block taken at start, so under steady serving the "
+                        "tiers may see no allocation for a long time.",
                         [
                             prom(
-                                f"sum by (tier) (rate({events('hit')}[{RATE}])) / "
-                                f"sum by (tier) (rate({events('hit|miss')}[{RATE}]))",
+                                f"sum by (tier) ({events('hit')}) / "
+                                f"sum by (tier) ({events('hit|miss')})",
                                 "{{tier}}",
                             )
                         ],
@@ -177,6 +199,56 @@ dashboard = make_dashboard(
                             )
                         ],
                         "percentunit",
+                    ),
+                ),
+            ],
+        ),
+        (
+            8,
+            [
+                (
+                    6,
+                    series(
+                        "KV cache pages in use",
+                        "Pages held by running sequences / pages in the pool. Near 1 with "
+                        "requests waiting: the pool (kv_cache_bytes) binds the batch, and "
+                        "preemptions follow.",
+                        [prom(KV_USAGE, "{{model}} {{version}} {{instance}}")],
+                        "percentunit",
+                        thresholds=UTILIZATION_STEPS,
+                        thresholdsStyleMode="dashed",
+                    ),
+                ),
+                (
+                    6,
+                    series(
+                        "KV pages by state",
+                        "used = held by sequences; cached = held by none, kept for prefix reuse "
+                        "(evicted oldest first when no page is free); free.",
+                        [prom(KV_PAGES, "{{state}}")],
+                        "short",
+                        stacking={"mode": "normal", "group": "A"},
+                        fillOpacity=25,
+                    ),
+                ),
+                (
+                    6,
+                    series(
+                        "Prefix cache hit rate",
+                        "Prompt tokens whose KV came from the cache / prompt tokens looked up. "
+                        "High with shared system prompts; TTFT drops with it.",
+                        [prom(PREFIX_HIT_RATE, "{{model}} {{version}}")],
+                        "percentunit",
+                    ),
+                ),
+                (
+                    6,
+                    series(
+                        "Preemptions",
+                        "Sequences preempted per second for lack of KV pages (recomputed "
+                        "later: same output, wasted compute). Sustained = FastllmKVPreemptions.",
+                        [prom(PREEMPTIONS, "{{model}} {{version}}")],
+                        "ops",
                     ),
                 ),
             ],

@@ -41,6 +41,11 @@ CONTRACT_METRIC_NAMES: tuple[str, ...] = (
     "fastllm_scheduler_steals_total",
     "fastllm_inference_log_dropped_total",
     "fastllm_inference_log_queue_rows",
+    "fastllm_kv_cache_usage_ratio",
+    "fastllm_kv_cache_pages",
+    "fastllm_prefix_cache_queries_total",
+    "fastllm_prefix_cache_hits_total",
+    "fastllm_num_preemptions_total",
 )
 
 OPTIONAL_METRIC_NAMES: tuple[str, ...] = ("fastllm_device_tensor_active_ratio",)
@@ -55,6 +60,7 @@ ALLOCATOR_TIERS: tuple[str, ...] = ("small", "medium", "large")
 ALLOCATOR_STATES: tuple[str, ...] = ("in_use", "cached")
 ALLOCATOR_EVENTS: tuple[str, ...] = ("hit", "miss", "evict", "release")
 VERIFIED_OPS: tuple[str, ...] = ("logit", "geglu", "swiglu", "rms_norm", "rotary", "attention")
+KV_PAGE_STATES: tuple[str, ...] = ("used", "cached", "free")
 
 DEFAULT_BATCH_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512)
 
@@ -86,6 +92,11 @@ class FastllmMetrics:
     scheduler_steals: Counter
     inference_log_dropped: Counter
     inference_log_queue_rows: Gauge
+    kv_cache_usage: Gauge
+    kv_cache_pages: Gauge
+    prefix_cache_queries: Counter
+    prefix_cache_hits: Counter
+    num_preemptions: Counter
     build_info: Gauge
 
     @classmethod
@@ -212,6 +223,36 @@ class FastllmMetrics:
                 "inference_log rows queued in memory, not yet written.",
                 registry=r,
             ),
+            kv_cache_usage=Gauge(
+                "fastllm_kv_cache_usage_ratio",
+                "KV cache pages held by sequences / pages in the pool.",
+                _MV,
+                registry=r,
+            ),
+            kv_cache_pages=Gauge(
+                "fastllm_kv_cache_pages",
+                "KV cache pages by state (used, cached for prefix reuse, free).",
+                [*_MV, "state"],
+                registry=r,
+            ),
+            prefix_cache_queries=Counter(
+                "fastllm_prefix_cache_queries_total",
+                "Prompt tokens looked up in the prefix cache.",
+                _MV,
+                registry=r,
+            ),
+            prefix_cache_hits=Counter(
+                "fastllm_prefix_cache_hits_total",
+                "Prompt tokens found in the prefix cache (their KV reused, not recomputed).",
+                _MV,
+                registry=r,
+            ),
+            num_preemptions=Counter(
+                "fastllm_num_preemptions_total",
+                "Sequences preempted for lack of KV pages (recomputed later).",
+                _MV,
+                registry=r,
+            ),
             build_info=Gauge(
                 "fastllm_build_info",
                 "Build and configuration (value 1).",
@@ -233,8 +274,14 @@ class FastllmMetrics:
             self.request_queue,
             self.prompt_tokens,
             self.generation_tokens,
+            self.kv_cache_usage,
+            self.prefix_cache_queries,
+            self.prefix_cache_hits,
+            self.num_preemptions,
         ):
             metric.labels(model, version)
+        for state in KV_PAGE_STATES:
+            self.kv_cache_pages.labels(model, version, state)
         for reason in FINISHED_REASONS:
             self.request_success.labels(model, version, reason)
         for reason in FAILURE_REASONS:

@@ -18,7 +18,13 @@ from prometheus_client import Histogram
 
 from monitoring.metrics import ALLOCATOR_EVENTS, FastllmMetrics
 from runtime.engine.reasons import FailureReason
-from runtime.engine.stats import AllocatorStats, RequestStats, StepStats, VerificationResult
+from runtime.engine.stats import (
+    AllocatorStats,
+    KVCacheStats,
+    RequestStats,
+    StepStats,
+    VerificationResult,
+)
 
 # Failures that never entered the engine: their timestamps say nothing about serving latency.
 REJECTED_REASONS = frozenset(
@@ -83,6 +89,8 @@ class PrometheusSink:
         self._known_models = {m for m, _ in models}
         self._alloc_latest: dict[str, AllocatorStats] = {}
         self._alloc_counts: dict[tuple[str, str, str], int] = {}
+        self._kv_latest: dict[tuple[str, str], dict[str, KVCacheStats]] = {}  # labels -> pools
+        self._kv_counts: dict[tuple[str, str], int] = {}  # (pool, counter) -> last cumulative
         self._lock = threading.Lock()
         self._steals_seen = 0
         self._steals_source: Callable[[], int] | None = None
@@ -181,6 +189,8 @@ class PrometheusSink:
         self.busy.add(step)
         if self._steals_source is not None:
             self.sync_steals(self._steals_source())
+        if step.kv is not None:
+            self._record_kv(labels, step.kv)
         allocator = step.allocator
         if allocator is None and self._allocator_source is not None:
             allocator = self._allocator_source()
@@ -210,6 +220,37 @@ class PrometheusSink:
                         totals[(tier.tier, state)] = totals.get((tier.tier, state), 0) + value
             for (tier_name, state), value in totals.items():
                 self.metrics.allocator_bytes.labels(tier_name, state).set(value)
+
+    def _record_kv(self, labels: tuple[str, str], kv: KVCacheStats) -> None:
+        """Gauges: the latest stats of every pool of (model, version) summed (replicas have a
+        pool each). Counters advance by each pool's cumulative counts' delta."""
+        m = self.metrics
+        with self._lock:
+            pools = self._kv_latest.setdefault(labels, {})
+            pools[kv.pool_id] = kv
+            total = KVCacheStats.total(list(pools.values()))
+            deltas = []
+            for name, now in (
+                ("queries", kv.prefix_query_tokens),
+                ("hits", kv.prefix_hit_tokens),
+                ("preemptions", kv.num_preemptions),
+            ):
+                key = (kv.pool_id, name)
+                before = self._kv_counts.get(key, 0)
+                self._kv_counts[key] = now
+                deltas.append(now - before if now >= before else now)  # the pool was replaced
+        m.kv_cache_usage.labels(*labels).set(total.usage_ratio)
+        for state, count in (
+            ("used", total.num_used_pages),
+            ("cached", total.num_cached_pages),
+            ("free", total.num_free_pages),
+        ):
+            m.kv_cache_pages.labels(*labels, state).set(count)
+        for counter, delta in zip(
+            (m.prefix_cache_queries, m.prefix_cache_hits, m.num_preemptions), deltas, strict=True
+        ):
+            if delta:
+                counter.labels(*labels).inc(delta)
 
     def _record_request(self, r: RequestStats) -> None:
         m = self.metrics

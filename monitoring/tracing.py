@@ -210,6 +210,8 @@ class TracingSink:
                 "gen_ai.request.max_tokens": r.max_tokens,
                 "gen_ai.usage.input_tokens": r.prompt_tokens,
                 "gen_ai.usage.output_tokens": r.completion_tokens,
+                # OTel GenAI: input tokens served from a cache (included in input_tokens)
+                "gen_ai.usage.cache_read.input_tokens": r.cached_tokens,
                 "fastllm.model_version": r.version,
                 "fastllm.batch_size": r.batch_size,
             }

@@ -73,7 +73,11 @@ class Settings(BaseSettings):
     max_queued_requests: int = Field(256, ge=1)
     max_queued_tokens: int = Field(262144, ge=1)
     request_timeout_s: float = Field(120.0, gt=0)
-    kv_cache_bytes: int = Field(1 << 30, ge=1 << 20, description="bytes of KV the engine may hold")
+    kv_cache_bytes: int = Field(
+        1 << 30, ge=1 << 20, description="the KV page pool, reserved when the model loads"
+    )
+    kv_block_size: int = Field(16, ge=1, le=1024, description="tokens per KV page")
+    enable_prefix_caching: bool = Field(True, description="reuse KV pages of shared prefixes")
     num_replicas: int = Field(1, ge=1, description="engine replicas (work-stealing pool)")
     # the fast decode step (runtime.models.fast.build): built at load, never on a request
     compile: str = Field(

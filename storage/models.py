@@ -60,6 +60,8 @@ class InferenceLog(Base):
     # stop | length | cancelled | validation | overloaded | internal | timeout | probe
     status: Mapped[str] = mapped_column(String(32), nullable=False)
     prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    # of prompt_tokens, those whose KV came from the prefix cache (migration 0002)
+    cached_tokens: Mapped[int | None] = mapped_column(Integer)
     completion_tokens: Mapped[int | None] = mapped_column(Integer)
     latency_s: Mapped[float | None] = mapped_column(Float)
     ttft_s: Mapped[float | None] = mapped_column(Float)

@@ -1,5 +1,8 @@
 """What the engine builds once the model is loaded: allocator, KV cache, scheduler, runner, loop.
 
+The KV cache's page pool is reserved here, in one block of `kv_cache_bytes` from the allocator
+(runtime/memory/kv_pool.py says why), and given back by `Engine.shutdown`.
+
 Built inside the call-once load, so a half-built engine is never visible to another thread.
 """
 
@@ -44,8 +47,7 @@ class EngineParts:
 
     def kv_cache_fits(self, num_tokens: int) -> bool:
         """Could a sequence of `num_tokens` ever get KV room (with the cache otherwise empty)?"""
-        kv = self.kv_cache
-        return kv.capacity_for(num_tokens) * kv.bytes_per_token <= kv.max_bytes
+        return self.kv_cache.can_fit(num_tokens)
 
 
 def default_loader(config: EngineConfig) -> Callable[[], LoadedModel]:
@@ -81,12 +83,17 @@ def build_parts(
         dtype=loaded.dtype,
         device=loaded.device,
         allocator=allocator,
-        max_bytes=config.kv_cache_bytes,
+        # an encoder never generates (validate refuses it): a pool of one page, not the budget
+        max_bytes=config.kv_cache_bytes if loaded.is_causal_lm else 0,
+        block_size=config.kv_block_size,
+        enable_prefix_caching=config.enable_prefix_caching,
+        model_version=f"{config.model_name}/{config.model_version}",
+        owner=f"kv-cache:{config.model_name}/{config.model_version}",
     )
     core = EngineCore(
         config,
         Scheduler(config.scheduler, kv_cache),
-        ModelRunner(loaded, _fast_path(config, loaded)),
+        ModelRunner(loaded, kv_cache, _fast_path(config, loaded)),
         controller,
         tracker,
         sink,

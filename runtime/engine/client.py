@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from runtime.engine.request import GenerationRequest, RequestHandle
     from runtime.engine.sequence import Sequence
     from runtime.memory import LiveBlock
-    from runtime.memory.stats import AllocatorStats
+    from runtime.memory.stats import AllocatorStats, KVCacheStats
     from runtime.models.loader import LoadedModel
     from runtime.models.tokenizer import Tokenizer
 
@@ -73,6 +73,7 @@ class EngineClient(Protocol):
     def utilization(self) -> float | None: ...
     def allocator_stats(self) -> AllocatorStats: ...
     def leak_report(self) -> list[LiveBlock]: ...
+    def kv_cache_stats(self) -> KVCacheStats: ...
 
     # shutdown
     @property

@@ -27,9 +27,13 @@ class EngineConfig:
     max_queued_requests: int = 256
     max_queued_tokens: int = 262144
     request_timeout_s: float = 120.0
-    kv_cache_bytes: int = 1 << 30
     compile: str = "auto"  # the fast decode step: auto | on | off (runtime.models.fast.build)
     cuda_graphs: str = "auto"  # capture it per batch bucket on CUDA: auto | on | off
+    kv_cache_bytes: int = 1 << 30  # the page pool, reserved at build (runtime.memory.kv_pool)
+    kv_block_size: int = 16  # tokens per KV page
+    enable_prefix_caching: bool = True  # reuse the KV of full pages with the same prefix
+    # benchmark only: emulate the pre-paging policy (KV for prompt + max_tokens at first schedule)
+    kv_reserve_full_sequence: bool = False
     min_util: float = 0.6
     max_util: float = 0.8
     step_up: float = 0.2
@@ -47,6 +51,8 @@ class EngineConfig:
             raise ConfigError("token budget and queue bound must be positive")
         if self.heap_trim_interval_s < 0:
             raise ConfigError("heap_trim_interval_s must be >= 0", param="heap_trim_interval_s")
+        if self.kv_block_size < 1:
+            raise ConfigError("kv_block_size must be >= 1", param="kv_block_size")
         if self.request_timeout_s <= 0:
             raise ConfigError("request_timeout_s must be positive", param="request_timeout_s")
         self.batch_policy  # validates the band  # noqa: B018
@@ -71,6 +77,8 @@ class EngineConfig:
             "kv_cache_bytes": settings.kv_cache_bytes,
             "compile": settings.compile,
             "cuda_graphs": settings.cuda_graphs,
+            "kv_block_size": settings.kv_block_size,
+            "enable_prefix_caching": settings.enable_prefix_caching,
             "min_util": settings.min_util,
             "max_util": settings.max_util,
             "step_up": settings.step_up,
@@ -106,4 +114,5 @@ class EngineConfig:
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_queued_requests=self.max_queued_requests,
             max_queued_tokens=self.max_queued_tokens,
+            reserve_full_sequence=self.kv_reserve_full_sequence,
         )

@@ -83,6 +83,11 @@ class EngineCore:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
 
+    @property
+    def is_running(self) -> bool:
+        """The loop thread is alive (it may still be inside a forward)."""
+        return self._thread is not None and self._thread.is_alive()
+
     # --- called by the Engine (under self.lock) --------------------------------------------------
     def add(self, seq: Sequence) -> None:
         self.seqs[seq.request_id] = seq
@@ -121,6 +126,7 @@ class EngineCore:
                 prompt_tokens=seq.num_prompt_tokens,
                 completion_tokens=len(seq.output_token_ids),
                 error=error,
+                cached_tokens=seq.stats.cached_tokens,
             )
         if seq.request_id not in self.in_flight:
             self.scheduler.finish(seq)  # KV back before the caller sees the end of the stream
@@ -223,6 +229,7 @@ class EngineCore:
                 version=self.config.model_version,
                 num_attention_pairs=pairs,
                 limit_binds=binds,
+                kv=self.scheduler.kv_stats(),
             )
             records, self.records = self.records, []
         if error is None:  # a failed step's time says nothing about the cost of its work
@@ -259,6 +266,7 @@ class EngineCore:
                 finished_reason=reason,
                 prompt_tokens=seq.num_prompt_tokens,
                 completion_tokens=len(seq.output_token_ids),
+                cached_tokens=seq.stats.cached_tokens,
             )
             if reason is None:
                 seq.handle.push(output)

@@ -41,7 +41,13 @@ from runtime.engine.request import (
 )
 from runtime.engine.sampling import make_generator
 from runtime.engine.sequence import Sequence
-from runtime.engine.stats import AllocatorStats, RequestEvent, RequestStats, StatsSink
+from runtime.engine.stats import (
+    AllocatorStats,
+    KVCacheStats,
+    RequestEvent,
+    RequestStats,
+    StatsSink,
+)
 from runtime.engine.stopping import StopChecker
 from runtime.errors import InvalidRequestError, Overloaded, ServiceUnavailable
 from runtime.memory import Allocator, LiveBlock
@@ -144,9 +150,17 @@ class Engine:
             max_tokens=params.max_tokens,
         )
         capacity = len(ids) + params.max_tokens
-        if not parts.kv_cache_fits(capacity):
+        kv_tokens = parts.kv_cache.max_tokens
+        if not parts.kv_cache_fits(len(ids)):  # it could never be scheduled: refuse, not queue
             raise InvalidRequestError(
-                f"prompt + max_tokens ({capacity} tokens) does not fit in this server's KV cache",
+                f"prompt ({len(ids)} tokens) is longer than this server's KV cache holds "
+                f"({kv_tokens} tokens)",
+                param="prompt",
+            )
+        if not parts.kv_cache_fits(capacity):  # alone, it could run out of pages before the end
+            raise InvalidRequestError(
+                f"prompt + max_tokens ({capacity} tokens) does not fit in this server's KV cache "
+                f"({kv_tokens} tokens)",
                 param="max_tokens",
             )
         if len(ids) > self.config.max_queued_tokens:
@@ -259,7 +273,13 @@ class Engine:
         return self._parts.allocator.stats()
 
     def leak_report(self) -> list[LiveBlock]:
+        """The allocator's live blocks; the KV pool appears as its pages by holder."""
         return self._parts.allocator.leak_report()
+
+    def kv_cache_stats(self) -> KVCacheStats:
+        core = self._parts.core
+        with core.lock:
+            return core.scheduler.kv_stats()
 
     @property
     def num_running(self) -> int:
@@ -301,6 +321,8 @@ class Engine:
                 core.scheduler.finish(seq)
             records, core.records = core.records, []
         core.emit(None, records)
+        if not core.is_running:
+            self._parts.kv_cache.close()  # the page pool's memory back to the allocator
 
 
 if TYPE_CHECKING:  # Engine implements the protocol the layers above are typed with

@@ -1,11 +1,12 @@
 """Runs one scheduled step on the model: pack, forward, sample. Never touches the engine's queues.
 
 All sequences' new tokens go into one packed `input_ids[T]` (prefill chunks and decodes side by
-side); the model writes each sequence's K/V into its own `SequenceKV` and returns `hidden[T, H]`.
-Only the last row of a sequence whose chunk reaches its end is turned into logits and sampled.
+side); the model writes each sequence's K/V into its pages (the scheduler appended the pages they
+need) and returns `hidden[T, H]`. Pages the step filled are then keyed for prefix reuse. Only the
+last row of a sequence whose chunk reaches its end is turned into logits and sampled.
 A step of decodes only (one token per sequence) goes through the fast decode step when the
-model has one (`runtime.models.fast`: fused, captured on CUDA); any step with a prefill chunk
-runs the eager module forward, which stays the reference.
+model has one (`runtime.models.fast`: fused, captured on CUDA; the same paged attention core);
+any step with a prefill chunk runs the eager module forward, which stays the reference.
 """
 
 from __future__ import annotations
@@ -16,14 +17,21 @@ import torch
 
 from runtime.engine.sampling import sample
 from runtime.engine.scheduler import SchedulerOutput
+from runtime.memory.kv_cache import KVCache
 from runtime.models.base import CausalLM, SeqSlice
 from runtime.models.fast.build import FastPath
 from runtime.models.loader import LoadedModel
 
 
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel, fast_path: FastPath | None = None) -> None:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        kv_cache: KVCache | None = None,
+        fast_path: FastPath | None = None,
+    ) -> None:
         self.loaded = loaded
+        self.kv_cache = kv_cache  # None: nothing keyed for prefix reuse
         self.model = cast(CausalLM, loaded.model)
         self.device = loaded.device
         self.fast_path = fast_path
@@ -49,6 +57,8 @@ class ModelRunner:
         # the KV of every fed token is written now: advance each cursor once (model contract)
         for item, piece in zip(batch.items, slices, strict=True):
             piece.kv.advance(item.num_new_tokens)
+            if self.kv_cache is not None:
+                self.kv_cache.cache_full_pages(piece.kv, item.seq.token_slice)
 
         sampling_idx = [i for i, item in enumerate(batch.items) if item.samples]
         sampled: list[int | None] = [None] * len(batch.items)

@@ -97,6 +97,9 @@ class TokenOutput:
     prompt_tokens: int
     completion_tokens: int  # total so far
     error: FastllmError | None = None  # set on the last output of a failed request
+    cached_tokens: int = (
+        0  # prompt tokens served from the prefix cache (usage.prompt_tokens_details)
+    )
 
     @property
     def is_final(self) -> bool:
@@ -266,4 +269,5 @@ def _join(request_id: str, outputs: list[TokenOutput]) -> TokenOutput:
         finished_reason=last.finished_reason,
         prompt_tokens=last.prompt_tokens,
         completion_tokens=last.completion_tokens,
+        cached_tokens=last.cached_tokens,
     )

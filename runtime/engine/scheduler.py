@@ -1,33 +1,49 @@
 """Continuous-batching scheduler: decides which sequences run this step and how many tokens each.
 
-It never touches tensors: it works with token counts and asks the KV space for room. Each step:
+It never touches tensors: it works with token counts and asks the paged KV cache for pages.
+Each step:
   1. running sequences first — decodes (1 token) before prefill continuations — so a step never
-     stalls the sequences already generating;
+     stalls the sequences already generating. Each gets the pages its tokens need, appended as it
+     grows (no max_tokens reservation). When no page is free (or cached, evictable), the newest
+     running sequence (by admission) is preempted: its pages are released and it goes back to the
+     front of the queue to be recomputed from its longest cached prefix, so its output is the same
+     as an uninterrupted run's. A sequence that is itself the newest is the one preempted;
   2. then waiting sequences in FIFO order while the batch is under the policy's sequence cap and
      the token budget lasts; a long prompt gets only the budget that is left (chunked prefill).
-A new sequence reserves KV for its whole life (prompt + max_tokens) when it is first scheduled.
-If the KV space has no room the head of the queue is held (nobody overtakes it, so nobody starves)
-until running sequences finish and free theirs; a running sequence therefore never runs out of KV.
-`preempt` (free the KV, requeue at the front for recompute) is for device memory running out
-elsewhere (the engine calls it when a forward hits out-of-memory).
+     A new sequence starts from the longest cached prefix of its prompt and needs pages only for
+     its first chunk, with a small headroom left for the running ones' next pages. If there is no
+     room the head of the queue is held (nobody overtakes it, so nobody starves); nobody is
+     admitted in a step that had to preempt.
+`preempt` is also what the engine calls when a forward runs out of device memory elsewhere.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field, replace
 from typing import Protocol
-
-import torch  # only for torch.OutOfMemoryError: the scheduler never touches tensors
 
 from runtime.engine.sequence import Sequence, SequenceStatus
 from runtime.engine.stats import RequestEvent
 from runtime.memory.kv_cache import SequenceKV
+from runtime.memory.stats import KVCacheStats
 
 
 class KVSpace(Protocol):
-    def allocate(self, seq_id: str, num_tokens: int) -> SequenceKV | None: ...
+    """The verbs of runtime.memory.kv_cache.KVCache the scheduler uses."""
+
+    @property
+    def num_pages(self) -> int: ...
+
+    def allocate(self, seq_id: str, token_ids: Seq[int]) -> SequenceKV: ...
+    def ensure(self, kv: SequenceKV, num_new_tokens: int) -> bool: ...
+    def pages_for(self, num_tokens: int) -> int: ...
+    def num_available_pages(self) -> int: ...
+    def count_prefix_query(self, num_tokens: int, num_hit_tokens: int) -> None: ...
     def free(self, seq_id: str) -> None: ...
+    def stats(self) -> KVCacheStats: ...
 
 
 @dataclass(frozen=True)
@@ -35,6 +51,9 @@ class SchedulerConfig:
     max_num_batched_tokens: int  # per-step token budget (prefill chunks + decodes)
     max_queued_requests: int  # bound of the waiting queue
     max_queued_tokens: int  # bound of the prompt tokens waiting in it
+    # benchmark only (bench.kv): emulate the pre-paging policy, pages for prompt + max_tokens
+    # taken when a sequence is first scheduled
+    reserve_full_sequence: bool = False
 
 
 @dataclass
@@ -53,6 +72,7 @@ class SchedulerOutput:
     items: list[ScheduledSeq] = field(default_factory=list)
     num_prefill_tokens: int = 0  # tokens fed by sequences still in (chunked) prefill
     num_decode_tokens: int = 0
+    num_preempted: int = 0  # sequences preempted while making this step
 
     @property
     def is_empty(self) -> bool:
@@ -64,9 +84,11 @@ class Scheduler:
         self.config = config
         self.kv = kv
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.running: list[Sequence] = []  # in admission order: the last one is the newest
         self.num_queued_tokens = 0  # prompt tokens in `waiting`
         self.num_holds = 0  # steps whose queue head found no KV room
+        self.num_preemptions = 0
+        self._num_admitted = 0
 
     @property
     def num_waiting(self) -> int:
@@ -86,43 +108,106 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
+        seq.arrival_index = self._num_admitted
+        self._num_admitted += 1
         self.waiting.append(seq)
         self.num_queued_tokens += seq.num_prompt_tokens
 
+    def kv_stats(self) -> KVCacheStats:
+        return replace(self.kv.stats(), num_preemptions=self.num_preemptions)
+
     def schedule(self, max_num_seqs: int) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self.config.max_num_batched_tokens
         # decodes first (pending == 1), then running prefill chunks; sort is stable (FIFO inside)
         for seq in sorted(self.running, key=lambda s: s.num_pending_tokens > 1):
-            budget -= self._take(out, seq, budget)
-        while self.waiting and budget > 0 and len(self.running) < max_num_seqs:
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num_tokens = min(seq.num_pending_tokens, self._budget_left(out))
+            if num_tokens > 0 and self._make_room(out, seq, num_tokens):
+                self._take(out, seq, num_tokens)
+        budget = self._budget_left(out)  # a preempted victim's tokens are back in it
+        while (
+            self.waiting
+            and budget > 0
+            and len(self.running) < max_num_seqs
+            and not out.num_preempted
+        ):
             seq = self.waiting[0]
-            try:
-                kv = self.kv.allocate(seq.request_id, seq.kv_capacity)
-            except torch.OutOfMemoryError:  # the device is fuller than the KV budget assumed
-                kv = None
-            if kv is None:
+            admitted = self._admit(seq, budget)
+            if admitted is None:
                 self.num_holds += 1
                 break  # hold the head: FIFO order, no overtaking
-            self.waiting.popleft()
-            self.num_queued_tokens -= seq.num_prompt_tokens
-            seq.kv, seq.status = kv, SequenceStatus.RUNNING
-            seq.num_computed_tokens = 0
-            self.running.append(seq)
-            seq.mark(RequestEvent.SCHEDULED)
-            budget -= self._take(out, seq, budget)
+            budget -= admitted
+            self._take(out, seq, admitted)
         return out
 
-    def _take(self, out: SchedulerOutput, seq: Sequence, budget: int) -> int:
-        num_tokens = min(seq.num_pending_tokens, budget)
-        if num_tokens <= 0:
-            return 0
+    def _budget_left(self, out: SchedulerOutput) -> int:
+        return self.config.max_num_batched_tokens - out.num_prefill_tokens - out.num_decode_tokens
+
+    def _make_room(self, out: SchedulerOutput, seq: Sequence, num_tokens: int) -> bool:
+        """Pages for `num_tokens` more of a running sequence, preempting the newest running ones
+        (unscheduling them if this step already took them) until there are; False when `seq`
+        itself was preempted."""
+        assert seq.kv is not None
+        while not self.kv.ensure(seq.kv, num_tokens):
+            victim = self.running[-1]
+            for item in out.items:
+                if item.seq is victim:
+                    self._untake(out, item)
+                    break
+            self.preempt(victim)
+            out.num_preempted += 1
+            if victim is seq:
+                return False
+        return True
+
+    def _admit(self, seq: Sequence, budget: int) -> int | None:
+        """Start the queue head: KV from its longest cached prefix plus pages for its first
+        chunk. The tokens of that chunk, or None (nothing taken) when there is no room."""
+        kv = self.kv.allocate(seq.request_id, seq.token_ids)
+        num_tokens = min(seq.num_tokens - kv.num_tokens, budget)
+        wanted = (
+            seq.kv_capacity if self.config.reserve_full_sequence else kv.num_tokens + num_tokens
+        )
+        need = self.kv.pages_for(wanted) - len(kv.page_ids)
+        # the running sequences' next pages come first: leave a little headroom for them (none
+        # needed when every sequence got all its pages up front)
+        headroom = min(len(self.running), max(1, self.kv.num_pages // 100))
+        if self.config.reserve_full_sequence:
+            headroom = 0
+        if need + headroom > self.kv.num_available_pages() or not self.kv.ensure(
+            kv, wanted - kv.num_tokens
+        ):
+            self.kv.free(seq.request_id)
+            return None
+        self.waiting.popleft()
+        self.num_queued_tokens -= seq.num_prompt_tokens
+        if seq.stats.scheduled_ts is None:  # first schedule: the prompt's prefix-cache lookup
+            self.kv.count_prefix_query(seq.num_prompt_tokens, kv.num_cached_tokens)
+            seq.stats.cached_tokens = kv.num_cached_tokens
+        seq.kv, seq.status = kv, SequenceStatus.RUNNING
+        seq.num_computed_tokens = kv.num_tokens
+        bisect.insort(self.running, seq, key=lambda s: s.arrival_index)
+        seq.mark(RequestEvent.SCHEDULED)
+        return num_tokens
+
+    def _take(self, out: SchedulerOutput, seq: Sequence, num_tokens: int) -> None:
         out.items.append(ScheduledSeq(seq, num_tokens))
-        if seq.num_pending_tokens == 1 and seq.output_token_ids:
+        if self._is_decode(seq, num_tokens):
             out.num_decode_tokens += 1
         else:
             out.num_prefill_tokens += num_tokens
-        return num_tokens
+
+    def _untake(self, out: SchedulerOutput, item: ScheduledSeq) -> None:
+        out.items.remove(item)
+        if self._is_decode(item.seq, item.num_new_tokens):
+            out.num_decode_tokens -= 1
+        else:
+            out.num_prefill_tokens -= item.num_new_tokens
+
+    @staticmethod
+    def _is_decode(seq: Sequence, num_tokens: int) -> bool:
+        return num_tokens == 1 and seq.num_pending_tokens == 1 and bool(seq.output_token_ids)
 
     def finish(self, seq: Sequence) -> None:
         """Take a sequence out (finished, cancelled, failed) and free its KV at once."""
@@ -140,6 +225,7 @@ class Scheduler:
         self._free(seq)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
+        self.num_preemptions += 1
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_queued_tokens += seq.num_prompt_tokens

@@ -2,11 +2,12 @@
 
 Token accounting (the scheduler reasons only with these counts, never with tensors):
     token_ids          = prompt_token_ids + output_token_ids
-    num_computed_tokens  tokens whose K/V are in `kv` (== kv.num_tokens after each step)
+    num_computed_tokens  tokens whose K/V are in `kv` (== kv.num_tokens after each step); starts at
+                         the cached prefix the KV cache found when the sequence was scheduled
     num_pending_tokens   token_ids[num_computed_tokens:], what the next steps must feed the model
 A step that feeds the last pending token samples the next one; a step that feeds a prefix of a
 long prompt (a prefill chunk) samples nothing. A preempted sequence drops its KV and recomputes
-prompt + outputs from position 0, which the same counts describe.
+prompt + outputs (from its longest cached prefix), which the same counts describe.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class Sequence:
     kv: SequenceKV | None = None
     status: SequenceStatus = SequenceStatus.WAITING
     num_preemptions: int = 0
+    arrival_index: int = -1  # admission order (the scheduler's); kept across preemptions
     is_closed: bool = False  # the handle got its final output; the engine is done with it
     # runtime.verify: sampled for verification at admission; the runner then keeps the logit of
     # each token it samples for this request (the last one is the final step's)
@@ -73,16 +75,27 @@ class Sequence:
 
     @property
     def kv_capacity(self) -> int:
-        """Tokens of KV this sequence can ever need: reserved whole at first schedule, so a
-        running sequence never runs out of room mid-generation."""
+        """Tokens of KV this sequence can ever need (pages are taken as it grows; only the
+        benchmark's emulation of the old policy reserves this much up front)."""
         return self.num_prompt_tokens + self.request.sampling.max_tokens
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.request.prompt_token_ids + self.output_token_ids
+
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """token_ids[start:end] without building token_ids when the range is in the prompt."""
+        prompt = self.request.prompt_token_ids
+        if end <= len(prompt):
+            return prompt[start:end]
+        return (prompt + self.output_token_ids)[start:end]
 
     def pending_token_ids(self, num_tokens: int) -> list[int]:
         start = self.num_computed_tokens
-        prompt = self.request.prompt_token_ids
-        if start + num_tokens <= len(prompt):  # the common prefill case: no list concatenation
-            return prompt[start : start + num_tokens]
-        return (prompt + self.output_token_ids)[start : start + num_tokens]
+        if start >= self.num_prompt_tokens:  # decoding: outputs only, no list concatenation
+            offset = start - self.num_prompt_tokens
+            return self.output_token_ids[offset : offset + num_tokens]
+        return self.token_slice(start, start + num_tokens)
 
     def mark(self, event: RequestEvent, ts: float | None = None) -> float:
         """Record a lifecycle event (wall clock) in the request's stats; returns the timestamp."""

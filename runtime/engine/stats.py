@@ -12,6 +12,7 @@ from typing import Protocol
 
 from runtime.engine.reasons import FailureReason, FinishReason
 from runtime.memory.stats import AllocatorStats as AllocatorStats  # re-exported for the sinks
+from runtime.memory.stats import KVCacheStats as KVCacheStats
 from runtime.memory.stats import TierStats as TierStats
 
 
@@ -48,6 +49,7 @@ class StepStats:
     # at schedule time requests were left waiting with the batch at the limit: a larger limit would
     # have batched more (the batch controller holds while the limit does not bind)
     limit_binds: bool = False
+    kv: KVCacheStats | None = None  # the page pool after the step (and cumulative prefix counts)
 
 
 @dataclass
@@ -63,6 +65,7 @@ class RequestStats:
     finished_ts: float | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (first schedule)
     max_tokens: int = 0
     # "stop" | "length" | "cancelled" when it ended normally; None when it failed
     finished_reason: FinishReason | None = None

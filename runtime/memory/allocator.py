@@ -64,6 +64,8 @@ class Allocator:
         self._pending: list[Slot] = []  # every handle gone, an alias still alive
         self._dropped: deque[Slot] = deque()  # a handle was dropped unreleased (from __del__)
         self._recent_leaks: deque[LeakEvent] = deque(maxlen=256)
+        # blocks a sub-allocator carves up (the KV page pool): reported as its rows, not as one
+        self._breakdowns: dict[Slot, Callable[[], list[LiveBlock]]] = {}
         # hot-path constants
         self._small_max, self._medium_max = config.small_max_bytes, config.medium_max_bytes
         self._shift = config.min_block_shift
@@ -263,6 +265,8 @@ class Allocator:
             slot.num_handles -= 1
             if slot.num_handles:
                 return  # views (or the base) still out
+            if self._breakdowns:
+                self._breakdowns.pop(slot, None)
             c = slot.counters
             if not slot.is_leaked:  # else a dropped view already made it a leak
                 c.releases += 1
@@ -314,6 +318,7 @@ class Allocator:
         large memory was freed and should go back to the OS / driver."""
         c = slot.counters
         self._live.discard(slot)
+        self._breakdowns.pop(slot, None)
         c.bytes_in_use -= slot.reserved
         c.live_blocks -= 1
         if slot.is_leaked:
@@ -366,11 +371,24 @@ class Allocator:
             tiers = tuple(c.snapshot() for c in self._counters.values())
         return AllocatorStats(device=str(self.device), tiers=tiers)
 
+    def set_breakdown(self, block: Block, rows: Callable[[], list[LiveBlock]]) -> None:
+        """Report `block` as the rows `rows()` returns (whose bytes add up to the block's), e.g.
+        the KV pool's pages per request, cached and free; until the block is released."""
+        with self._lock:
+            self._breakdowns[block._rec] = rows
+
     def leak_report(self) -> list[LiveBlock]:
-        """Every block whose memory is not back in its tier, oldest first, with its owner."""
+        """Every block whose memory is not back in its tier, oldest first, with its owner; a
+        block with a breakdown (set_breakdown) appears as its rows instead."""
         self.collect()
         with self._lock:  # slots are reused: read them while no handout can change them
-            return live_blocks(self._live)
+            split = [fn for slot, fn in self._breakdowns.items() if slot in self._live]
+            out = live_blocks(s for s in self._live if s not in self._breakdowns)
+        # outside the lock: a breakdown takes its owner's lock, which may be held while it
+        # allocates from this allocator
+        for rows in split:
+            out.extend(rows())
+        return out
 
     def recent_leaks(self) -> list[LeakEvent]:
         """Blocks reclaimed while a handle had been dropped unreleased (the last 256)."""

@@ -1,32 +1,56 @@
-"""Per-sequence KV storage.
+"""Paged KV: block tables over the page pool (kv_pool.py), with prefix reuse.
 
-`SequenceKV` is what the models read and write: one tensor per sequence,
-`data[num_layers, 2, num_kv_heads, capacity, head_dim]` (index 0 = keys, 1 = values).
-A model's forward writes the new tokens' K/V at positions [num_tokens, num_tokens + n) of every
-layer and attends over [0, num_tokens + n); the caller then calls `advance(n)` once. The model never
+`SequenceKV` is what the models read and write: the pool tensor, the sequence's block table
+(`page_ids`, token i lives in page_ids[i // block_size] at slot i % block_size) and its cursor.
+A model's forward writes the new tokens' K/V at positions [num_tokens, num_tokens + n) and
+attends over [0, num_tokens + n); the caller then calls `advance(n)` once. The model never
 advances the cursor itself, so every layer of one forward sees the same `num_tokens`.
 
-`KVCache` hands out SequenceKVs backed by allocator blocks (owner tag = sequence id) under a
-byte budget; capacities are rounded up to buckets so freed blocks are reused by size class.
+`KVCache` (the verbs the scheduler uses; every one under one lock):
+  allocate(seq_id, token_ids)  a block table starting with the longest cached prefix (full pages,
+                               refcounted, at most all but the last token so one is computed)
+  ensure(kv, n)                pages for n more tokens, appended as needed: no max_tokens
+                               reservation; False (nothing taken) when no page is free or cached
+  cache_full_pages(kv, tokens) key the pages the last forward filled, for later sequences
+  free(seq_id)                 release every page: a shared page is freed by its last holder;
+                               a keyed page then stays cached (LRU) until evicted
 """
 
 from __future__ import annotations
 
 import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
+from runtime.errors import ConfigError
+from runtime.memory.kv_pool import PagePool, page_key
+from runtime.memory.kv_report import pool_rows
+from runtime.memory.kv_scratch import GatherScratch
+from runtime.memory.stats import KVCacheStats
+
 if TYPE_CHECKING:
-    from runtime.memory import Allocator
+    from runtime.memory import Allocator, LiveBlock
+
+TokenSlice = Callable[[int, int], Sequence[int]]  # (start, end) -> the sequence's token ids
 
 
 class SequenceKV:
-    def __init__(self, data: torch.Tensor, block: object | None = None) -> None:
-        assert data.dim() == 5 and data.shape[1] == 2, "want [layers, 2, kv_heads, cap, head_dim]"
-        self.data = data  # [num_layers, 2, num_kv_heads, capacity, head_dim]
-        self.block = block  # the allocator block backing `data`, if any
+    def __init__(
+        self, data: torch.Tensor, seq_id: str = "", scratch: GatherScratch | None = None
+    ) -> None:
+        self.data = data  # the pool: [num_layers, 2, kv_heads, num_pages, block_size, head_dim]
+        self.block_size = int(data.shape[4])
+        self.seq_id = seq_id
+        self.page_ids: list[int] = []  # the block table
         self.num_tokens = 0  # tokens whose K/V are already stored
+        self.keys: list[bytes] = []  # prefix keys of the first len(keys) pages (all full)
+        self.num_cached_tokens = 0  # tokens found in the prefix cache when allocated
+        self.born_s = time.monotonic()
+        self.scratch = scratch  # the cache's gather buffer (runtime.models.paged_attention)
 
     @classmethod
     def empty(
@@ -37,20 +61,19 @@ class SequenceKV:
         capacity: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        block_size: int = 16,
     ) -> SequenceKV:
-        """Plain storage outside any allocator (tests, reference runs)."""
-        shape = (num_layers, 2, num_kv_heads, capacity, head_dim)
-        return cls(torch.zeros(shape, dtype=dtype, device=device))
+        """A pool of its own outside any allocator, with pages for `capacity` tokens (warm-up,
+        `fastllm doctor`, tests). Page 0 is the zero page, as in a real pool."""
+        num_pages = 1 + -(-capacity // block_size)
+        shape = (num_layers, 2, num_kv_heads, num_pages, block_size, head_dim)
+        kv = cls(torch.zeros(shape, dtype=dtype, device=device))
+        kv.page_ids = list(range(1, num_pages))
+        return kv
 
     @property
     def capacity(self) -> int:
-        return int(self.data.shape[3])
-
-    def k(self, layer: int) -> torch.Tensor:
-        return self.data[layer, 0]  # [num_kv_heads, capacity, head_dim]
-
-    def v(self, layer: int) -> torch.Tensor:
-        return self.data[layer, 1]  # [num_kv_heads, capacity, head_dim]
+        return len(self.page_ids) * self.block_size
 
     def advance(self, n: int) -> None:
         if self.num_tokens + n > self.capacity:
@@ -58,23 +81,7 @@ class SequenceKV:
         self.num_tokens += n
 
 
-def bucket_tokens(num_tokens: int, min_bucket: int = 64) -> int:
-    """KV capacity for `num_tokens`: multiples of `min_bucket` up to 4 * min_bucket, then steps of a
-    quarter of the enclosing power of two (<= 25% waste). Few distinct capacities means few
-    distinct block sizes, so a finished sequence's block is reused by the next one of its class."""
-    n = max(num_tokens, 1)
-    step = max(min_bucket, (1 << (max(n - 1, 1).bit_length() - 1)) // 4)
-    return -(-n // step) * step
-
-
 class KVCache:
-    """Per-sequence KV blocks drawn from the allocator, under a byte budget.
-
-    `allocate` returns None when the budget has no room (the caller queues or preempts); `free`
-    releases the block at once and empties the SequenceKV, so a stale reference fails loudly
-    (capacity 0) instead of writing into memory that another sequence now owns.
-    """
-
     def __init__(
         self,
         *,
@@ -85,77 +92,166 @@ class KVCache:
         device: torch.device | str,
         allocator: Allocator,
         max_bytes: int,
-        min_bucket_tokens: int = 64,
-        zero_fill: bool = True,  # fresh memory may hold NaN bit patterns; 0 * NaN poisons masks
+        block_size: int = 16,
+        enable_prefix_caching: bool = True,
+        model_version: str = "",
+        owner: str = "kv-cache",
     ) -> None:
-        self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
-        self.dtype, self.device, self.allocator = dtype, torch.device(device), allocator
-        self.max_bytes, self.min_bucket_tokens = max_bytes, min_bucket_tokens
-        self.zero_fill = zero_fill
+        self.block_size, self.dtype, self.device = block_size, dtype, torch.device(device)
+        self.enable_prefix_caching, self.model_version = enable_prefix_caching, model_version
         self.bytes_per_token = num_layers * 2 * num_kv_heads * head_dim * dtype.itemsize
-        self.num_used_bytes = 0  # budget taken by live sequences (capacity * bytes_per_token)
+        self.bytes_per_page = block_size * self.bytes_per_token
+        # the zero page included; max_bytes 0: the smallest pool (an engine that never generates)
+        num_pages = max_bytes // self.bytes_per_page if max_bytes else 2
+        if block_size < 1 or num_pages < 2:
+            raise ConfigError(
+                f"kv_cache_bytes={max_bytes} holds no page of {block_size} tokens "
+                f"({self.bytes_per_page} bytes each, one of them the zero page)",
+                param="kv_cache_bytes",
+            )
+        shape = (num_layers, 2, num_kv_heads, num_pages, block_size, head_dim)
+        block = allocator.alloc(shape, dtype, owner=owner)
+        self.pool = PagePool(block.tensor)
+        self.max_bytes, self.owner, self.allocator = max_bytes, owner, allocator
+        self.tier = allocator.config.tier_of(num_pages * self.bytes_per_page)
+        self.num_query_tokens = self.num_hit_tokens = 0
         self._seqs: dict[str, SequenceKV] = {}
         self._lock = threading.Lock()
+        self._born_s = time.monotonic()
+        self.pool_id = f"{owner}#{id(self):x}"
+        self.scratch = GatherScratch(dtype, self.device)
+        allocator.set_breakdown(block, self.report)
+        # the block goes back when the engine closes the cache, or when the cache is dropped
+        self._close = weakref.finalize(self, allocator.release, block)
+
+    # --- capacity ------------------------------------------------------------------------------
+    @property
+    def num_pages(self) -> int:
+        return self.pool.num_usable
 
     @property
-    def num_free_bytes(self) -> int:
-        return self.max_bytes - self.num_used_bytes
+    def max_tokens(self) -> int:
+        """Tokens one sequence could ever hold: every page of the pool."""
+        return self.pool.num_usable * self.block_size
+
+    def pages_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def can_fit(self, num_tokens: int) -> bool:
+        return self.pages_for(num_tokens) <= self.pool.num_usable
 
     @property
     def num_sequences(self) -> int:
         return len(self._seqs)
-
-    def capacity_for(self, num_tokens: int) -> int:
-        capacity = bucket_tokens(num_tokens, self.min_bucket_tokens)
-        max_tokens = self.max_bytes // self.bytes_per_token
-        # a sequence that fits the budget exactly must not be refused by rounding
-        return max_tokens if num_tokens <= max_tokens < capacity else capacity
-
-    def can_allocate(self, num_tokens: int) -> bool:
-        return self.num_used_bytes + self.capacity_for(num_tokens) * self.bytes_per_token <= (
-            self.max_bytes
-        )
-
-    def allocate(self, seq_id: str, num_tokens: int) -> SequenceKV | None:
-        """KV room for `num_tokens` (rounded up to a bucket), or None when the budget is full."""
-        capacity = self.capacity_for(num_tokens)
-        nbytes = capacity * self.bytes_per_token
-        with self._lock:
-            if seq_id in self._seqs:
-                raise ValueError(f"sequence {seq_id!r} already has KV")
-            if self.num_used_bytes + nbytes > self.max_bytes:
-                return None
-            self.num_used_bytes += nbytes  # reserved before the (unlocked) allocation
-        shape = (self.num_layers, 2, self.num_kv_heads, capacity, self.head_dim)
-        try:
-            block = self.allocator.alloc(shape, self.dtype, owner=seq_id)
-            if self.zero_fill:
-                block.tensor.zero_()
-        except BaseException:
-            with self._lock:
-                self.num_used_bytes -= nbytes
-            raise
-        kv = SequenceKV(block.tensor, block=block)
-        with self._lock:
-            self._seqs[seq_id] = kv
-        return kv
-
-    def free(self, seq_id: str) -> None:
-        """Release a sequence's KV; a no-op for an unknown or already freed id."""
-        with self._lock:
-            kv = self._seqs.pop(seq_id, None)
-            if kv is None:
-                return
-            self.num_used_bytes -= kv.capacity * self.bytes_per_token
-        block, (layers, _, heads, _, head_dim) = kv.block, kv.data.shape
-        # capacity 0 from now on, and no alias left in `kv` to keep the block out of its pool
-        kv.data = kv.data.new_empty((layers, 2, heads, 0, head_dim))
-        kv.block, kv.num_tokens = None, 0
-        if block is not None:
-            self.allocator.release(block)  # type: ignore[arg-type]
 
     def get(self, seq_id: str) -> SequenceKV | None:
         return self._seqs.get(seq_id)
 
     def __contains__(self, seq_id: object) -> bool:
         return seq_id in self._seqs
+
+    # --- the verbs -----------------------------------------------------------------------------
+    def allocate(self, seq_id: str, token_ids: Sequence[int]) -> SequenceKV:
+        """A block table for a sequence about to run; its first pages are the longest cached
+        prefix of `token_ids` (kv.num_tokens = kv.num_cached_tokens tokens already stored)."""
+        with self._lock:
+            if seq_id in self._seqs:
+                raise ValueError(f"sequence {seq_id!r} already has KV")
+            kv = SequenceKV(self.pool.data, seq_id, self.scratch)
+            if self.enable_prefix_caching:
+                self._reuse_prefix(kv, token_ids)
+            self._seqs[seq_id] = kv
+            return kv
+
+    def _reuse_prefix(self, kv: SequenceKV, token_ids: Sequence[int]) -> None:
+        size, pool = self.block_size, self.pool
+        prev = b""
+        for i in range((len(token_ids) - 1) // size):  # the last token is always computed
+            key = page_key(prev, token_ids[i * size : (i + 1) * size], self.model_version)
+            page = pool.lookup(key)
+            if page is None:
+                break
+            pool.hold(page)
+            kv.page_ids.append(page)
+            kv.keys.append(key)
+            prev = key
+        kv.num_tokens = kv.num_cached_tokens = len(kv.page_ids) * size
+
+    def ensure(self, kv: SequenceKV, num_new_tokens: int) -> bool:
+        """Make room for `num_new_tokens` more tokens; False (nothing taken) if no room."""
+        with self._lock:
+            need = self.pages_for(kv.num_tokens + num_new_tokens) - len(kv.page_ids)
+            if need <= 0:
+                return True
+            pages = self.pool.take(need)
+            if pages is None:
+                return False
+            kv.page_ids.extend(pages)
+            return True
+
+    def num_available_pages(self) -> int:
+        """Pages `ensure` could take now (free, or cached and evictable)."""
+        return self.pool.num_free + self.pool.num_cached
+
+    def cache_full_pages(self, kv: SequenceKV, tokens: TokenSlice) -> None:
+        """Key every page the cursor has filled since the last call (prefix caching on)."""
+        if not self.enable_prefix_caching:
+            return
+        size = self.block_size
+        with self._lock:
+            if kv.seq_id not in self._seqs:  # freed meanwhile (cancelled)
+                return
+            for i in range(len(kv.keys), kv.num_tokens // size):
+                prev = kv.keys[-1] if kv.keys else b""
+                key = page_key(prev, tokens(i * size, (i + 1) * size), self.model_version)
+                self.pool.publish(kv.page_ids[i], key)
+                kv.keys.append(key)
+
+    def count_prefix_query(self, num_tokens: int, num_hit_tokens: int) -> None:
+        with self._lock:
+            self.num_query_tokens += num_tokens
+            self.num_hit_tokens += num_hit_tokens
+
+    def free(self, seq_id: str) -> None:
+        """Release a sequence's pages; a no-op for an unknown or already freed id."""
+        with self._lock:
+            kv = self._seqs.pop(seq_id, None)
+            if kv is None:
+                return
+            # last page first: the head of a prefix becomes the newest cached page, so eviction
+            # takes a chain from its tail and what stays cached is still reachable from its head
+            for page in reversed(kv.page_ids):
+                self.pool.release(page)
+            kv.page_ids, kv.keys, kv.num_tokens = [], [], 0  # capacity 0: a stale use fails
+            kv.data, kv.scratch = kv.data.new_empty((0,) * 6), None
+
+    def close(self) -> None:
+        """Give the pool's memory back (engine shutdown); the cache is unusable afterwards."""
+        with self._lock:
+            for kv in self._seqs.values():
+                kv.page_ids, kv.data = [], kv.data.new_empty((0,) * 6)
+            self._seqs.clear()
+            self.pool.data = self.pool.data.new_empty((0,) * 6)
+        self.scratch.release()
+        self._close()
+
+    # --- reports -------------------------------------------------------------------------------
+    def stats(self) -> KVCacheStats:
+        pool = self.pool
+        with self._lock:
+            return KVCacheStats(
+                block_size=self.block_size,
+                num_pages=pool.num_usable,
+                num_used_pages=pool.num_used,
+                num_cached_pages=pool.num_cached,
+                num_free_pages=pool.num_free,
+                prefix_query_tokens=self.num_query_tokens,
+                prefix_hit_tokens=self.num_hit_tokens,
+                pool_id=self.pool_id,
+            )
+
+    def report(self) -> list[LiveBlock]:
+        """The pool as leak-report rows that add up to every page: each request's own pages,
+        pages shared by several, cached, free and the zero page."""
+        with self._lock:
+            return pool_rows(self, list(self._seqs.values()))

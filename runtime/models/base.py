@@ -3,7 +3,7 @@
 One forward takes the new tokens of several sequences packed back to back (`input_ids [T]`) and
 one `SeqSlice` per sequence saying where its tokens are and which `SequenceKV` holds its past.
 Sequences may be at different stages (a long prefill next to one-token decodes): every linear layer
-runs once over all T tokens; attention runs per sequence on its own K/V.
+runs once over all T tokens, and attention runs once per layer over every sequence's KV pages.
 """
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ class CausalLM(nn.Module):
     @torch.no_grad()
     def forward(self, input_ids: Tensor, seqs: Sequence[SeqSlice]) -> Tensor:
         """input_ids [T] packed -> hidden [T, hidden] (final norm applied).
-        Writes each layer's K/V at [kv.num_tokens, kv.num_tokens + n); does NOT advance."""
-        plan = BatchPlan.build(seqs, input_ids)
+        Writes each layer's K/V at [kv.num_tokens, kv.num_tokens + n) of each sequence's pages (its
+        block table must already cover them); does NOT advance."""
+        plan = BatchPlan.build(seqs, input_ids, self.args.num_heads // self.args.num_kv_heads)
         x = self.embed_tokens(input_ids)  # [T, H]
         if self.scale_embeddings:
             x = x * torch.tensor(self.args.hidden_size**0.5, dtype=x.dtype)

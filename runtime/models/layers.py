@@ -1,7 +1,7 @@
 """Decoder blocks shared by the llama and gemma families.
 
-Linear layers run on the whole packed batch [T, H] at once (one matmul for all sequences); only
-attention loops over sequences, each attending to its own cached K/V plus its new tokens.
+Linear layers run on the whole packed batch [T, H] at once (one matmul for all sequences), and so
+does attention: one call per layer over every sequence's pages (runtime.models.paged_attention).
 Q/K/V and gate/up are fused into one projection each (the loader concatenates the HF tensors).
 """
 
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from runtime.models import ops
+from runtime.models import ops, paged_attention
 from runtime.models.config import ModelArgs
 
 if TYPE_CHECKING:
@@ -86,20 +86,9 @@ class Attention(nn.Module):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, plan: BatchPlan) -> Tensor:
         """The attention core, shared by the eager forward and the fast decode path
         (runtime.models.fast): q [T, Hq, D], k/v [T, Hkv, D] rotated -> [T, q_size] (before
-        o_proj). Stores the new tokens' K/V in each sequence's cache."""
-        a, layer = self.args, self.layer_idx
-        num_tokens = q.shape[0]
-        new_kv = torch.stack((k, v)).permute(0, 2, 1, 3)  # [2, num_kv_heads, T, head_dim]
-        torch._foreach_copy_(plan.writes[layer], new_kv.split(plan.lengths, dim=2))
-        queries = q.transpose(0, 1).split(plan.lengths, dim=1)  # each [num_heads, n, head_dim]
-        outs = [
-            ops.attention(q_seq, k_seq, v_seq, causal_offset=past)
-            for q_seq, k_seq, v_seq, past in zip(
-                queries, plan.keys[layer], plan.values[layer], plan.pasts, strict=True
-            )
-        ]
-        out = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]  # [num_heads, T, head_dim]
-        return out.transpose(0, 1).reshape(num_tokens, a.q_size)
+        o_proj). Stores the new tokens' K/V in their pages first (models.paged_attention)."""
+        out = paged_attention.attend(plan, self.layer_idx, q, k, v)  # [T, num_heads, head_dim]
+        return out.reshape(q.shape[0], self.args.q_size)
 
 
 class GatedMLP(nn.Module):

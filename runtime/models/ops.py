@@ -137,3 +137,17 @@ def attention_ref(q: Tensor, k: Tensor, v: Tensor, *, causal_offset: int) -> Ten
     allowed = torch.arange(k.shape[1], device=q.device)[None, :] <= query_pos
     scores = scores.masked_fill(~allowed, float("-inf"))
     return (torch.softmax(scores, dim=-1) @ vf).to(q.dtype)
+
+
+def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """A padded batch of rows (runtime.models.paged_attention). q [R, Hkv, M, D]; k, v
+    [R, Hkv, L, D] (any strides); mask [R, 1, M or 1, L] bool, True = attend, at least one True
+    per query row. -> [R, Hkv, M, D]. M folds the query heads of a kv head with the row's
+    queries, so no K/V expansion."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def masked_attention_ref(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    scores = q.float() @ k.float().transpose(-1, -2) / math.sqrt(q.shape[-1])  # [R, Hkv, M, L]
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return (torch.softmax(scores, dim=-1) @ v.float()).to(q.dtype)

@@ -130,23 +130,26 @@ async def _wait_disconnect(request: Request) -> None:
             return
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's usage object; `prompt_tokens_details.cached_tokens` counts the prompt tokens
+    whose KV the prefix cache supplied (included in prompt_tokens, as OpenAI counts them)."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
 def usage_chunk_builder(
     base: Callable[[], dict[str, Any]],
-) -> Callable[[int, int], dict[str, Any]]:
+) -> Callable[[int, int, int], dict[str, Any]]:
     """The final streamed chunk of include_usage: no choices, just the usage."""
 
-    def build(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    def build(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
         payload = base()
         payload["choices"] = []
-        payload["usage"] = usage(prompt_tokens, completion_tokens)
+        payload["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
         return payload
 
     return build

@@ -130,10 +130,15 @@ class BatchPolicyRequest(_Request):
 
 
 # --- responses ------------------------------------------------------------------------------------
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int = 0
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None  # completions and chat
 
 
 class CompletionChoice(BaseModel):

@@ -78,11 +78,11 @@ async def token_events(
     chunk: ChunkBuilder,
     *,
     first: dict[str, Any] | None = None,
-    usage: Callable[[int, int], dict[str, Any]] | None = None,
+    usage: Callable[[int, int, int], dict[str, Any]] | None = None,
 ) -> AsyncIterator[bytes]:
     """SSE bytes for one request's outputs. `first`: an opening chunk (chat's role delta);
     `usage`: builds the final usage-only chunk (stream_options.include_usage)."""
-    prompt_tokens = completion_tokens = 0
+    prompt_tokens = completion_tokens = cached_tokens = 0
     text_event = text_event_builder(chunk)
     try:
         if first is not None:
@@ -92,6 +92,7 @@ async def token_events(
         async for outputs in handle.batches():
             last = outputs[-1]
             prompt_tokens, completion_tokens = last.prompt_tokens, last.completion_tokens
+            cached_tokens = last.cached_tokens
             text = "".join([out.text for out in outputs])
             error: FastllmError | None = last.error
             if error is None and last.finished_reason == FinishReason.CANCELLED:
@@ -106,7 +107,7 @@ async def token_events(
             elif text:
                 yield text_event(text)
         if usage is not None:
-            yield sse(usage(prompt_tokens, completion_tokens))
+            yield sse(usage(prompt_tokens, completion_tokens, cached_tokens))
         yield DONE
     finally:
         if not handle.finished:

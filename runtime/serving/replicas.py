@@ -34,7 +34,7 @@ from runtime.engine.request import (
     TokenOutput,
     ValidatedRequest,
 )
-from runtime.engine.stats import AllocatorStats, RequestStats, StatsSink
+from runtime.engine.stats import AllocatorStats, KVCacheStats, RequestStats, StatsSink
 from runtime.errors import (
     ConfigError,
     FastllmError,
@@ -290,6 +290,10 @@ class ReplicaSet:
 
     def leak_report(self) -> list[LiveBlock]:
         return [block for engine in self._per_device() for block in engine.leak_report()]
+
+    def kv_cache_stats(self) -> KVCacheStats:
+        """Every replica's page pool (each has its own) as one."""
+        return KVCacheStats.total([engine.kv_cache_stats() for engine in self.replicas])
 
     @property
     def num_running(self) -> int:

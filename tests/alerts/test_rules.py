@@ -22,6 +22,7 @@ EXPECTED = {
     "FastllmOperatorAnomalies",
     "FastllmHighErrorRatio",
     "FastllmQueueSaturation",
+    "FastllmKVPreemptions",
     "FastllmInferenceLogDropping",
     "FastllmInferenceLogBacklog",
     "FastllmRuntimeDown",

@@ -6,6 +6,7 @@ import random
 
 from runtime.engine.stats import (
     AllocatorStats,
+    KVCacheStats,
     RequestEvent,
     RequestStats,
     StepStats,
@@ -33,6 +34,7 @@ def finished_request(
         finished_ts=done,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
+        cached_tokens=prompt_tokens // 32 * 16,  # some of the prompt from the prefix cache
         max_tokens=completion_tokens + 4,
         finished_reason=reason,
         batch_size=2,
@@ -92,6 +94,7 @@ def step(
     allocator: AllocatorStats | None = None,
     num_seqs: int = 2,
     busy_seconds: float = 0.01,
+    kv: KVCacheStats | None = None,
 ) -> StepStats:
     return StepStats(
         ts=ts,
@@ -106,6 +109,7 @@ def step(
         request_ids=request_ids,
         started_ts=ts - 0.02,
         allocator=allocator,
+        kv=kv if kv is not None else kv_stats(step_id),
         model=MODEL,
         version=VERSION,
     )
@@ -116,3 +120,19 @@ def verification(op: str, error: float, *, ts: float) -> VerificationResult:
         request_id="req-v", model=MODEL, version=VERSION, op=op, output=1.0 + error, expected=1.0,
         ts=ts,
     )  # fmt: skip
+
+
+def kv_stats(step_id: int) -> KVCacheStats:
+    """A page pool of 100 pages after `step_id` steps: 2 prompts of 48 tokens looked up per step,
+    16 of them cached, a preemption every 4th step (cumulative counts, as the engine reports)."""
+    used = min(10 + step_id, 80)
+    return KVCacheStats(
+        block_size=16,
+        num_pages=100,
+        num_used_pages=used,
+        num_cached_pages=5,
+        num_free_pages=100 - used - 5,
+        prefix_query_tokens=96 * (step_id + 1),
+        prefix_hit_tokens=16 * (step_id + 1),
+        num_preemptions=(step_id + 1) // 4,
+    )

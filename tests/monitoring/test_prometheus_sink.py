@@ -154,3 +154,21 @@ def test_busy_window_stays_bounded_when_nobody_reads_it() -> None:
     for k in range(5_000):
         window.add(syn.step(k, ts=1000.0 + 0.1 * k, busy_seconds=0.05))
     assert len(window._steps) <= 101
+
+
+def test_kv_cache_numbers_map_to_gauges_and_counter_deltas(sink: PrometheusSink) -> None:
+    for state in ("used", "cached", "free"):  # the series exist before any step
+        assert value(sink, "fastllm_kv_cache_pages", **MV, state=state) == 0
+    for step_id in range(8):
+        sink.record(step=syn.step(step_id, ts=1000.0 + step_id))
+    last = syn.kv_stats(7)
+    assert value(sink, "fastllm_kv_cache_usage_ratio", **MV) == last.num_used_pages / 100
+    assert value(sink, "fastllm_kv_cache_pages", **MV, state="used") == last.num_used_pages
+    assert value(sink, "fastllm_kv_cache_pages", **MV, state="cached") == 5
+    assert value(sink, "fastllm_kv_cache_pages", **MV, state="free") == last.num_free_pages
+    # cumulative counts become counters that equal them (not their sum over steps)
+    assert value(sink, "fastllm_prefix_cache_queries_total", **MV) == last.prefix_query_tokens
+    assert value(sink, "fastllm_prefix_cache_hits_total", **MV) == last.prefix_hit_tokens
+    assert value(sink, "fastllm_num_preemptions_total", **MV) == last.num_preemptions == 2
+    sink.record(step=syn.step(0, ts=2000.0))  # a new engine starts from 0: counts go on
+    assert value(sink, "fastllm_prefix_cache_hits_total", **MV) == last.prefix_hit_tokens + 16

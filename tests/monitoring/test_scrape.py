@@ -42,6 +42,11 @@ CONTRACT: dict[str, tuple[str, set[str]]] = {
     "fastllm_scheduler_steals_total": ("counter", set()),
     "fastllm_inference_log_dropped_total": ("counter", {"reason"}),
     "fastllm_inference_log_queue_rows": ("gauge", set()),
+    "fastllm_kv_cache_usage_ratio": ("gauge", {"model", "version"}),
+    "fastllm_kv_cache_pages": ("gauge", {"model", "version", "state"}),
+    "fastllm_prefix_cache_queries_total": ("counter", {"model", "version"}),
+    "fastllm_prefix_cache_hits_total": ("counter", {"model", "version"}),
+    "fastllm_num_preemptions_total": ("counter", {"model", "version"}),
 }
 
 

@@ -51,10 +51,12 @@ def test_one_server_span_per_request_with_events_and_genai_attributes(
         assert attrs["gen_ai.operation.name"] == "text_completion"
         assert attrs["gen_ai.request.model"] == syn.MODEL
         assert attrs["gen_ai.usage.input_tokens"] == r.prompt_tokens
+        assert attrs["gen_ai.usage.cache_read.input_tokens"] == r.cached_tokens
         assert attrs["gen_ai.usage.output_tokens"] == r.completion_tokens
         assert attrs["gen_ai.request.max_tokens"] == r.max_tokens
         assert span.name == f"text_completion {syn.MODEL}"
     assert sink.num_open == 0
+    assert any(r.cached_tokens for r in requests)  # the cache attribute was checked non-zero
 
 
 def test_incoming_traceparent_becomes_the_parent(

@@ -21,6 +21,7 @@ def request_stats(i: int, *, reason: str = "stop", now: float | None = None) -> 
         first_token_ts=now - 0.3,
         finished_ts=now,
         prompt_tokens=3 + i % 5,
+        cached_tokens=i % 3,
         completion_tokens=1 + i % 7,
         finished_reason=None if failed else reason,
         failure_reason=reason if failed else None,

@@ -75,3 +75,31 @@ def test_sqlite_uses_wal_and_busy_timeout(tmp_path) -> None:
         assert (tmp_path / "a" / "b" / "x.db").exists()
     finally:
         engine.dispose()
+
+
+def test_0002_adds_cached_tokens_and_keeps_older_rows(engine: Engine) -> None:
+    """A row written at revision 0001 survives 0002 with cached_tokens NULL; downgrade drops it."""
+    config = alembic_config(engine)
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0001")
+    assert "cached_tokens" not in {c["name"] for c in inspect(engine).get_columns("inference_log")}
+    old = {"ts": datetime.now(timezone.utc), "request_id": "old", "model": "m", "version": "v"}
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO inference_log (ts, request_id, model, version, status, prompt_tokens)"
+                " VALUES (:ts, :request_id, :model, :version, 'stop', 7)"
+            ),
+            {**old, "ts": old["ts"].replace(tzinfo=None)},
+        )
+    upgrade(engine)
+    with engine.begin() as conn:
+        row = conn.execute(select(InferenceLog.prompt_tokens, InferenceLog.cached_tokens)).one()
+        assert tuple(row) == (7, None)
+        conn.execute(
+            InferenceLog.__table__.insert(),
+            [{**old, "request_id": "new", "status": "stop", "cached_tokens": 5}],
+        )
+        new = select(InferenceLog.cached_tokens).where(InferenceLog.request_id == "new")
+        assert conn.execute(new).scalar_one() == 5

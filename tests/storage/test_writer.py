@@ -57,6 +57,11 @@ def test_request_row_fields(engine: Engine) -> None:
         "length",
     )
     assert (row.prompt_tokens, row.completion_tokens, row.batch_size) == (6, 4, 4)
+    assert row.cached_tokens == 0 == stats.cached_tokens
+    cached = request_stats(5)  # cached_tokens = 5 % 3
+    with InferenceLogWriter(engine, migrate=False) as writer:
+        writer.record(finished=[cached])
+    assert {r.request_id: r.cached_tokens for r in rows(engine)}["req-5"] == 2
     assert abs(row.latency_s - stats.e2e_seconds) < 1e-9
     assert abs(row.ttft_s - stats.ttft_seconds) < 1e-9
     assert abs(row.ts.timestamp() - stats.finished_ts) < 1e-5

@@ -58,7 +58,7 @@ class FusedDecoder:
 
     @torch.inference_mode()
     def __call__(self, input_ids: Tensor, seqs: Sequence[SeqSlice]) -> Tensor:
-        plan = BatchPlan.build(seqs, input_ids)
+        plan = BatchPlan.build(seqs, input_ids, self.dims.group)
         cos, sin = self.rope.lookup(plan.positions)
         x = self.embed(input_ids)
         dims = self.dims

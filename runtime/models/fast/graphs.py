@@ -6,7 +6,7 @@ static buffers of B rows; a step of T <= B tokens copies its ids and rotary rows
 T rows and replays (padding rows compute on stale, finite inputs; every piece is row-wise, so
 they never touch the real rows, and their outputs are never read).
 
-The attention core (`Attention.attend`: KV writes and SDPA over each sequence's cache) is not
+The attention core (`Attention.attend`: KV writes into the pages, one gathered SDPA) is not
 captured: its shapes change every step and it belongs to the KV/attention work. So a step is
 num_layers + 1 graph replays with the attention core run eagerly between them (vLLM's
 "piecewise" capture):
@@ -143,7 +143,7 @@ class GraphDecoder:
 
     def _replay(self, bucket: _Bucket, input_ids: Tensor, seqs: Sequence[SeqSlice]) -> Tensor:
         num_tokens = input_ids.shape[0]
-        plan = BatchPlan.build(seqs, input_ids)
+        plan = BatchPlan.build(seqs, input_ids, self.fused.dims.group)
         bucket.ids[:num_tokens].copy_(input_ids)
         self.fused.rope.lookup(plan.positions, out=(bucket.cos, bucket.sin))
         bucket.graphs[0].replay()

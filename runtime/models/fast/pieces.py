@@ -43,6 +43,11 @@ class DecodeDims:
     norm_offset: float  # gemma scales by (1 + w)
     act: str  # name of the gated activation in `ops`
 
+    @property
+    def group(self) -> int:
+        """Query heads per kv head (the paged attention plan folds them into query rows)."""
+        return self.num_heads // self.num_kv_heads
+
     @classmethod
     def of(cls, model: CausalLM) -> DecodeDims:
         a = model.args

@@ -33,7 +33,10 @@ class BatchPolicy(BaseModel):
 
 
 class MemoryReport(BaseModel):
-    allocators: list[dict[str, Any]]  # one per device: tier stats and the live blocks by owner
+    # one per device: tier stats and the live blocks by owner (the KV page pool as its pages:
+    # per request, shared, cached, free)
+    allocators: list[dict[str, Any]]
+    kv_caches: list[dict[str, Any]]  # one per model version: page counts, prefix-cache counts
 
 
 def _loaded_engines(request: Request) -> list[tuple[str, str, Any]]:
@@ -62,8 +65,10 @@ async def set_batch_policy(body: BatchPolicyRequest, request: Request) -> BatchP
 @router.get("/memory", response_model=MemoryReport)
 async def memory(request: Request) -> MemoryReport:
     seen: set[str] = set()
-    allocators = []
+    allocators, kv_caches = [], []
     for model, version, engine in _loaded_engines(request):
+        kv = engine.kv_cache_stats()
+        kv_caches.append({"model": model, "version": version, **asdict(kv)})
         stats = engine.allocator_stats()
         if stats.device in seen:  # engines on one device share its allocator
             continue
@@ -78,4 +83,4 @@ async def memory(request: Request) -> MemoryReport:
                 "live_blocks": [asdict(b) for b in engine.leak_report()],
             }
         )
-    return MemoryReport(allocators=allocators)
+    return MemoryReport(allocators=allocators, kv_caches=kv_caches)

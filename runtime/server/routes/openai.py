@@ -86,7 +86,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
     payload["choices"] = [
         {"index": 0, "text": out.text, "finish_reason": out.finished_reason, "logprobs": None}
     ]
-    payload["usage"] = gen.usage(out.prompt_tokens, out.completion_tokens)
+    payload["usage"] = gen.usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
     return payload
 
 
@@ -150,7 +150,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
             "logprobs": None,
         }
     ]
-    payload["usage"] = gen.usage(out.prompt_tokens, out.completion_tokens)
+    payload["usage"] = gen.usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
     return payload
 
 

@@ -1,36 +1,42 @@
-"""Scheduler decisions from counts alone: budget, chunked prefill, sequence cap, FIFO hold."""
+"""Scheduler decisions from counts alone (no model): budget, chunked prefill, sequence cap, FIFO
+hold, pages on demand, preemption of the newest, prefix reuse. The KV space is the real paged
+cache with one-float pages, so page accounting is the production code's."""
 
 from __future__ import annotations
 
 import time
+
+import torch
 
 from runtime.engine.request import GenerationRequest, RequestHandle
 from runtime.engine.sampling import SamplingParams
 from runtime.engine.scheduler import Scheduler, SchedulerConfig
 from runtime.engine.sequence import Sequence, SequenceStatus
 from runtime.engine.stats import RequestStats
-from runtime.memory.kv_cache import SequenceKV
+from runtime.memory import Allocator
+from runtime.memory.kv_cache import KVCache
+
+BLOCK = 4
 
 
-class FakeKV:
-    """Room for `capacity_tokens` tokens in total; records what is live."""
-
-    def __init__(self, capacity_tokens: int) -> None:
-        self.capacity_tokens = capacity_tokens
-        self.live: dict[str, int] = {}
-
-    def allocate(self, seq_id: str, num_tokens: int) -> SequenceKV | None:
-        if sum(self.live.values()) + num_tokens > self.capacity_tokens:
-            return None
-        self.live[seq_id] = num_tokens
-        return SequenceKV.empty(1, 1, 1, num_tokens)
-
-    def free(self, seq_id: str) -> None:
-        del self.live[seq_id]
+def make_kv(num_pages: int = 1000, prefix_caching: bool = False) -> KVCache:
+    """`num_pages` usable pages of BLOCK tokens (4 bytes a token: one layer, one head, dim 1)."""
+    return KVCache(
+        num_layers=1,
+        num_kv_heads=1,
+        head_dim=1,
+        dtype=torch.float16,
+        device="cpu",
+        allocator=Allocator(device="cpu"),
+        max_bytes=(num_pages + 1) * BLOCK * 4,
+        block_size=BLOCK,
+        enable_prefix_caching=prefix_caching,
+    )
 
 
-def make_seq(rid: str, num_prompt: int, max_tokens: int = 4) -> Sequence:
-    request = GenerationRequest(rid, list(range(1, num_prompt + 1)), SamplingParams(max_tokens))
+def make_seq(rid: str, num_prompt: int, max_tokens: int = 4, first: int = 1) -> Sequence:
+    prompt = list(range(first, first + num_prompt))
+    request = GenerationRequest(rid, prompt, SamplingParams(max_tokens))
     return Sequence(
         request=request,
         handle=RequestHandle(rid),
@@ -40,19 +46,31 @@ def make_seq(rid: str, num_prompt: int, max_tokens: int = 4) -> Sequence:
     )
 
 
-def make_scheduler(budget: int = 64, kv_tokens: int = 10_000, queue: int = 100) -> Scheduler:
-    return Scheduler(SchedulerConfig(budget, queue, 10_000), FakeKV(kv_tokens))
+def make_scheduler(
+    budget: int = 64, kv_pages: int = 1000, queue: int = 100, **kv_args: bool
+) -> Scheduler:
+    return Scheduler(SchedulerConfig(budget, queue, 10_000), make_kv(kv_pages, **kv_args))
 
 
 def run_step(scheduler: Scheduler, max_num_seqs: int) -> list[tuple[str, int]]:
-    """One schedule; pretend the forward ran and every sampling chunk produced token 7."""
+    """One schedule; pretend the forward ran (cursor + prefix keys) and every sampling chunk
+    produced token 7."""
     out = scheduler.schedule(max_num_seqs)
     for item in out.items:
-        samples = item.samples
-        item.seq.num_computed_tokens += item.num_new_tokens
+        seq, samples = item.seq, item.samples
+        assert (
+            seq.kv is not None and seq.kv.capacity >= seq.num_computed_tokens + item.num_new_tokens
+        )
+        seq.kv.advance(item.num_new_tokens)
+        scheduler.kv.cache_full_pages(seq.kv, seq.token_slice)  # type: ignore[attr-defined]
+        seq.num_computed_tokens += item.num_new_tokens
         if samples:
-            item.seq.output_token_ids.append(7)
+            seq.output_token_ids.append(7)
     return [(item.seq.request_id, item.num_new_tokens) for item in out.items]
+
+
+def used_pages(s: Scheduler) -> int:
+    return s.kv_stats().num_used_pages
 
 
 def test_long_prompt_is_prefilled_in_chunks_within_the_budget() -> None:
@@ -88,20 +106,63 @@ def test_sequence_cap_limits_running_and_queue_keeps_fifo() -> None:
     assert [rid for rid, _ in run_step(s, 2)] == ["r1", "r2"]
 
 
-def test_no_kv_room_holds_the_queue_head_and_nobody_overtakes() -> None:
-    s = make_scheduler(kv_tokens=20)
-    s.add(make_seq("big1", 10, max_tokens=6))  # needs 16
-    s.add(make_seq("big2", 10, max_tokens=6))  # needs 16: does not fit next to big1
-    s.add(make_seq("small", 1, max_tokens=1))  # would fit, but must not overtake big2
+def test_pages_are_taken_as_the_sequence_grows_not_for_max_tokens() -> None:
+    s = make_scheduler(kv_pages=10)
+    s.add(make_seq("a", 5, max_tokens=10_000))  # the old policy could never have started it
+    run_step(s, 8)
+    assert used_pages(s) == 2  # 5 tokens in pages of 4
+    for _ in range(3):  # tokens 6, 7, 8 of the sequence: still page 2
+        run_step(s, 8)
+    assert used_pages(s) == 2
+    run_step(s, 8)  # the 9th token needs a third page
+    assert used_pages(s) == 3
+
+
+def test_no_room_holds_the_queue_head_and_nobody_overtakes() -> None:
+    s = make_scheduler(kv_pages=6)
+    s.add(make_seq("big1", 16))  # 4 pages
+    s.add(make_seq("big2", 12))  # 3 pages: not next to big1 (+ 1 page of headroom for it)
+    s.add(make_seq("small", 1))  # 1 page would fit, but must not overtake big2
     assert [rid for rid, _ in run_step(s, 8)] == ["big1"]
     assert s.num_holds == 1 and [q.request_id for q in s.waiting] == ["big2", "small"]
     s.finish(s.running[0])
-    assert s.kv.live == {}  # type: ignore[attr-defined]
-    assert [rid for rid, _ in run_step(s, 8)] == ["big2", "small"]  # 16 + 2 <= 20
+    assert used_pages(s) == 0
+    assert [rid for rid, _ in run_step(s, 8)] == ["big2", "small"]
+
+
+def test_no_free_page_preempts_the_newest_even_when_it_is_the_one_asking() -> None:
+    s = make_scheduler(kv_pages=3)
+    s.add(make_seq("old", 4))
+    s.add(make_seq("new", 4, first=50))  # 1 page + 1 page of headroom for old: fits
+    run_step(s, 8)
+    old, new = s.running
+    assert used_pages(s) == 2
+    out = s.schedule(8)  # both decode token 5: old takes the last page, new finds none
+    assert [i.seq for i in out.items] == [old] and out.num_preempted == 1
+    assert new.status is SequenceStatus.WAITING and new.kv is None and new.num_preemptions == 1
+    assert list(s.waiting) == [new] and s.num_preemptions == 1 == s.kv_stats().num_preemptions
+    assert new.num_computed_tokens == 0 and new.num_pending_tokens == 5
+    s.finish(old)
+    assert run_step(s, 8) == [("new", 5)]  # recompute: prompt + its output, then sample
+
+
+def test_a_victim_already_scheduled_this_step_is_unscheduled() -> None:
+    s = make_scheduler(kv_pages=3)
+    s.add(make_seq("x", 2))
+    s.add(make_seq("y", 2, first=50))
+    run_step(s, 8)
+    run_step(s, 8)
+    x, y = s.running  # both at 3 of 4 tokens in their one page; one page free
+    x.output_token_ids += [1] * 6  # x has 7 to feed: 2 more pages
+    out = s.schedule(8)  # y's decode goes first, then x preempts y, the newest
+    assert [i.seq for i in out.items] == [x] and out.num_preempted == 1
+    assert out.num_decode_tokens == 0 and out.num_prefill_tokens == 7
+    assert y.status is SequenceStatus.WAITING and y.kv is None
+    assert x.kv is not None and len(x.kv.page_ids) == 3
 
 
 def test_admission_bounds_and_finish_frees_kv() -> None:
-    s = Scheduler(SchedulerConfig(64, 2, 25), FakeKV(1000))
+    s = Scheduler(SchedulerConfig(64, 2, 25), make_kv())
     assert s.admission_refusal(10) is None
     s.add(make_seq("a", 10))
     s.add(make_seq("b", 10))
@@ -112,7 +173,7 @@ def test_admission_bounds_and_finish_frees_kv() -> None:
     run_step(s, 4)
     seq = s.running[0]
     s.finish(seq)
-    assert seq.status is SequenceStatus.FINISHED and seq.kv is None and s.kv.live == {}  # type: ignore[attr-defined]
+    assert seq.status is SequenceStatus.FINISHED and seq.kv is None and used_pages(s) == 0
 
 
 def test_preempted_sequence_recomputes_prompt_and_outputs() -> None:
@@ -123,7 +184,31 @@ def test_preempted_sequence_recomputes_prompt_and_outputs() -> None:
     seq = s.running[0]
     assert seq.output_token_ids == [7, 7]
     s.preempt(seq)
-    assert seq.kv is None and s.kv.live == {}  # type: ignore[attr-defined]
+    assert seq.kv is None and used_pages(s) == 0
     # recompute feeds prompt + both outputs, then samples the next token
     assert run_step(s, 4) == [("a", 7)]
     assert seq.output_token_ids == [7, 7, 7]
+
+
+def test_a_shared_prefix_is_reused_and_counted_once_per_request() -> None:
+    s = make_scheduler(prefix_caching=True)
+    s.add(make_seq("a", 10))
+    run_step(s, 4)  # a's pages 1 and 2 are full and keyed
+    s.add(make_seq("b", 10))  # the same 10 tokens
+    assert run_step(s, 4) == [("a", 1), ("b", 2)]  # b reuses 8 tokens, computes its last 2
+    b = s.running[1]
+    assert b.stats.cached_tokens == 8 and b.kv is not None and b.kv.num_cached_tokens == 8
+    assert b.kv.page_ids[:2] == s.running[0].kv.page_ids[:2]  # type: ignore[union-attr]
+    stats = s.kv_stats()
+    assert (stats.prefix_query_tokens, stats.prefix_hit_tokens) == (20, 8)
+    s.preempt(b)  # its recompute finds its own pages again, but is not a new query
+    run_step(s, 4)
+    assert b.num_computed_tokens == 11 and s.kv_stats().prefix_query_tokens == 20
+
+
+def test_reservation_emulation_takes_prompt_plus_max_tokens_up_front() -> None:
+    s = Scheduler(SchedulerConfig(64, 100, 10_000, reserve_full_sequence=True), make_kv(10))
+    s.add(make_seq("a", 5, max_tokens=20))  # 25 tokens: 7 pages
+    s.add(make_seq("b", 5, max_tokens=20))
+    assert [rid for rid, _ in run_step(s, 8)] == ["a"]
+    assert used_pages(s) == 7 and s.num_holds == 1

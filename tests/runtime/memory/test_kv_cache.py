@@ -1,117 +1,180 @@
-"""KVCache on the tiered allocator: budget, buckets, owner tags, prompt reuse, safe free."""
+"""The paged KV cache on the tiered allocator: the pool reserved once, pages on demand, prefix
+reuse with refcounts, LRU eviction, the leak report's page rows, safe free and close."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from runtime.memory import Allocator, AllocatorConfig
-from runtime.memory.kv_cache import KVCache, SequenceKV, bucket_tokens
+from runtime.errors import ConfigError
+from runtime.memory import Allocator
+from runtime.memory.kv_cache import KVCache
 
-LAYERS, HEADS, HEAD_DIM = 2, 2, 8
-BYTES_PER_TOKEN = LAYERS * 2 * HEADS * HEAD_DIM * 4  # float32: 256 B
+LAYERS, HEADS, HEAD_DIM, BLOCK = 2, 2, 8, 4
+BYTES_PER_PAGE = LAYERS * 2 * HEADS * HEAD_DIM * 4 * BLOCK  # float32: 1 KiB
 
 
-def make_cache(max_tokens: int = 1024, allocator: Allocator | None = None) -> KVCache:
+def make_cache(num_pages: int = 16, prefix: bool = True, version: str = "v1") -> KVCache:
     return KVCache(
         num_layers=LAYERS,
         num_kv_heads=HEADS,
         head_dim=HEAD_DIM,
         dtype=torch.float32,
         device="cpu",
-        allocator=allocator or Allocator(AllocatorConfig(small_blocks_per_class=4)),
-        max_bytes=max_tokens * BYTES_PER_TOKEN,
+        allocator=Allocator(),
+        max_bytes=(num_pages + 1) * BYTES_PER_PAGE + 100,  # + the zero page, + a remainder
+        block_size=BLOCK,
+        enable_prefix_caching=prefix,
+        model_version=version,
     )
 
 
-@pytest.mark.parametrize("n", [1, 63, 64, 65, 200, 256, 257, 300, 513, 1000, 4097, 100_000])
-def test_buckets_cover_the_request_with_bounded_waste(n: int) -> None:
-    cap = bucket_tokens(n)
-    assert cap >= n and cap % 64 == 0
-    assert cap - n < 64 or cap <= n * 1.25
-    assert bucket_tokens(cap) == cap
+def fill(cache: KVCache, seq_id: str, tokens: list[int]) -> None:
+    """Allocate and 'compute' `tokens`: write a recognisable value per token, key full pages."""
+    kv = cache.allocate(seq_id, tokens)
+    assert cache.ensure(kv, len(tokens) - kv.num_tokens)
+    for pos in range(kv.num_tokens, len(tokens)):
+        page, slot = kv.page_ids[pos // BLOCK], pos % BLOCK
+        kv.data[:, :, :, page, slot] = float(tokens[pos])
+    kv.advance(len(tokens) - kv.num_tokens)
+    cache.cache_full_pages(kv, lambda a, b: tokens[a:b])
 
 
-def test_allocate_gives_zeroed_kv_owned_by_the_sequence() -> None:
-    cache = make_cache()
-    kv = cache.allocate("seq-1", 100)
-    assert isinstance(kv, SequenceKV)
-    assert kv.data.shape == (LAYERS, 2, HEADS, 128, HEAD_DIM) and kv.capacity == 128
-    assert kv.num_tokens == 0 and torch.count_nonzero(kv.data) == 0
-    assert [b.owner for b in cache.allocator.leak_report()] == ["seq-1"]
-    assert cache.num_sequences == 1 and "seq-1" in cache and cache.get("seq-1") is kv
-    assert cache.num_used_bytes == 128 * BYTES_PER_TOKEN
-    assert cache.num_free_bytes == cache.max_bytes - cache.num_used_bytes
+def rows(cache: KVCache) -> dict[str, int]:
+    return {b.owner: b.num_handles for b in cache.allocator.leak_report()}
+
+
+def test_the_pool_is_one_allocator_block_reported_as_pages() -> None:
+    cache = make_cache(num_pages=16)
+    assert cache.num_pages == 16 and cache.max_tokens == 64
+    stats = cache.allocator.stats()
+    assert stats.bytes_in_use >= 17 * BYTES_PER_PAGE and stats.live_blocks == 1
+    assert rows(cache) == {"kv-cache:free": 16, "kv-cache:zero-page": 1}
+    kv = cache.allocate("r1", [])
+    assert kv.num_tokens == 0 and kv.capacity == 0  # nothing taken up front
+    assert cache.ensure(kv, 5) and len(kv.page_ids) == 2 and kv.capacity == 8
+    assert cache.ensure(kv, 3) and len(kv.page_ids) == 2  # still inside page 2
+    assert torch.count_nonzero(kv.data[:, :, :, kv.page_ids]) == 0  # handed out zeroed
+    assert rows(cache) == {"r1": 2, "kv-cache:free": 14, "kv-cache:zero-page": 1}
     with pytest.raises(ValueError):
-        cache.allocate("seq-1", 10)
-    cache.free("seq-1")
+        cache.allocate("r1", [])
 
 
-def test_no_room_is_none_and_freeing_makes_room() -> None:
-    cache = make_cache(max_tokens=256)
-    a = cache.allocate("a", 100)  # 128
-    b = cache.allocate("b", 128)  # 128
-    assert a is not None and b is not None
-    assert not cache.can_allocate(1)
-    assert cache.allocate("c", 1) is None
-    assert cache.num_sequences == 2
+def test_no_page_is_false_and_takes_nothing() -> None:
+    cache = make_cache(num_pages=4)
+    a = cache.allocate("a", [])
+    assert cache.ensure(a, 12)  # 3 pages
+    b = cache.allocate("b", [])
+    assert not cache.ensure(b, 8)  # 2 pages, 1 left: none taken
+    assert b.page_ids == [] and cache.stats().num_free_pages == 1
     cache.free("a")
-    assert cache.can_allocate(64)
-    assert cache.allocate("c", 64) is not None
+    assert cache.ensure(b, 8) and cache.stats().num_free_pages == 2
 
 
-def test_a_sequence_that_fits_exactly_is_not_refused_by_rounding() -> None:
-    cache = make_cache(max_tokens=300)  # bucket(300) = 320 > 300
-    assert cache.can_allocate(300)
-    kv = cache.allocate("long", 300)
-    assert kv is not None and kv.capacity == 300
-    assert cache.allocate("more", 1) is None
+def test_a_pool_too_small_for_one_page_is_a_config_error() -> None:
+    with pytest.raises(ConfigError) as exc:
+        KVCache(
+            num_layers=LAYERS,
+            num_kv_heads=HEADS,
+            head_dim=HEAD_DIM,
+            dtype=torch.float32,
+            device="cpu",
+            allocator=Allocator(),
+            max_bytes=BYTES_PER_PAGE,  # only the zero page
+            block_size=BLOCK,
+        )
+    assert exc.value.param == "kv_cache_bytes"
 
 
-def test_free_releases_at_once_and_is_idempotent() -> None:
+def test_the_longest_cached_prefix_is_shared_and_freed_by_its_last_holder() -> None:
     cache = make_cache()
-    kv = cache.allocate("s", 64)
+    prompt = list(range(100, 111))  # 11 tokens: pages of 4, 4, 3
+    fill(cache, "a", prompt)
+    b = cache.allocate("b", [*prompt, 7])  # 12 tokens: the 2 full pages are reused
+    a = cache.get("a")
+    assert a is not None and b.num_cached_tokens == b.num_tokens == 8
+    assert b.page_ids == a.page_ids[:2]
+    assert [cache.pool.refcounts[p] for p in b.page_ids] == [2, 2]
+    assert rows(cache)["kv-cache:shared"] == 2 and rows(cache)["a"] == 1
+    # a prompt that is one full page long reuses nothing: its last token must be computed
+    assert cache.allocate("c", prompt[:4]).num_tokens == 0
+    cache.free("a")
+    assert [cache.pool.refcounts[p] for p in b.page_ids] == [1, 1]
+    cache.free("b")
+    cache.free("c")
+    assert rows(cache) == {"kv-cache:cached": 2, "kv-cache:free": 14, "kv-cache:zero-page": 1}
+    again = cache.allocate("d", prompt)  # from the cache, contents as computed by a
+    assert again.num_tokens == 8
+    torch.testing.assert_close(
+        again.data[0, 0, 0, again.page_ids[1], :, 0], torch.tensor([104.0, 105, 106, 107])
+    )
+
+
+def test_keys_chain_the_whole_prefix_and_the_model_version() -> None:
+    cache = make_cache()
+    fill(cache, "a", [1, 2, 3, 4, 5, 6, 7, 8, 0])
+    fill(cache, "b", [9, 9, 9, 9, 5, 6, 7, 8, 0])  # the same 2nd page after another 1st one
+    a, b = cache.get("a"), cache.get("b")
+    assert a is not None and b is not None and a.keys[1] != b.keys[1]
+    assert b.num_cached_tokens == 0 and set(a.page_ids).isdisjoint(b.page_ids)
+    v2 = make_cache(version="v2")
+    fill(v2, "a", [1, 2, 3, 4, 5, 6, 7, 8, 0])
+    a2 = v2.get("a")
+    assert a2 is not None and a2.keys[0] != a.keys[0]  # other weights, other K/V
+
+
+def test_unheld_cached_pages_are_evicted_oldest_first_under_pressure() -> None:
+    cache = make_cache(num_pages=4)
+    fill(cache, "a", [1, 2, 3, 4, 5])  # page a1 keyed, a2 partial
+    fill(cache, "b", [9, 9, 9, 9, 5])  # page b1 keyed
+    cache.free("a")  # a1 cached (a2 free)
+    cache.free("b")  # b1 cached, newer
+    assert cache.stats().num_cached_pages == 2 and cache.stats().num_free_pages == 2
+    c = cache.allocate("c", [])
+    assert cache.ensure(c, 12)  # 3 pages: the 2 free + the oldest cached (a's)
+    assert cache.allocate("a2", [1, 2, 3, 4, 5]).num_tokens == 0  # a's prefix is gone
+    assert cache.allocate("b2", [9, 9, 9, 9, 5]).num_tokens == 4  # b's is still there
+
+
+def test_caching_off_keys_nothing() -> None:
+    cache = make_cache(prefix=False)
+    fill(cache, "a", list(range(9)))
+    cache.free("a")
+    assert cache.allocate("b", list(range(9))).num_tokens == 0
+    assert cache.stats().num_cached_pages == 0
+
+
+def test_free_is_idempotent_and_a_stale_kv_fails_loudly() -> None:
+    cache = make_cache()
+    fill(cache, "s", [1, 2, 3])
+    kv = cache.get("s")
     assert kv is not None
-    kv.k(0)[:, :3].fill_(1.0)
-    kv.advance(3)
     cache.free("s")
-    assert cache.allocator.stats().bytes_in_use == 0
-    assert cache.num_used_bytes == 0 and cache.num_sequences == 0
-    assert kv.capacity == 0 and kv.block is None  # a stale SequenceKV fails loudly
+    assert kv.capacity == 0
     with pytest.raises(ValueError):
         kv.advance(1)
     cache.free("s")  # finished and cancelled may both free
     cache.free("never-allocated")
+    assert cache.stats().num_used_pages == 0
 
 
-def test_freed_blocks_are_reused_by_size_class() -> None:
+def test_close_gives_the_pool_back_to_the_allocator() -> None:
     cache = make_cache()
-    for n in (100, 1000):  # small tier (32 KiB) and medium tier (256 KiB -> 1024 tokens)
-        first = cache.allocate("x", n)
-        assert first is not None
-        ptr = first.data.data_ptr()
-        cache.free("x")
-        again = cache.allocate("y", n - 10)  # same bucket
-        assert again is not None and again.data.data_ptr() == ptr
-        assert torch.count_nonzero(again.data) == 0  # the old sequence's K/V is not visible
-        cache.free("y")
-    hits = sum(t.hits for t in cache.allocator.stats().tiers)
-    assert hits >= 3
+    allocator = cache.allocator
+    fill(cache, "s", [1, 2, 3])
+    cache.close()
+    assert allocator.stats().bytes_in_use == 0 and allocator.leak_report() == []
 
 
-def test_a_stale_view_of_freed_kv_keeps_its_memory_out_of_the_pool() -> None:
-    cache = make_cache()
-    kv = cache.allocate("old", 64)
-    assert kv is not None
-    stale_k = kv.k(0)  # e.g. held by a model that kept a reference
-    stale_k.fill_(5.0)
-    cache.free("old")
-    new = cache.allocate("new", 64)
-    assert new is not None
-    assert new.data.data_ptr() != stale_k.data_ptr()
-    new.data.fill_(-1.0)
-    assert torch.all(stale_k == 5.0)
-    [held] = [b for b in cache.allocator.leak_report() if b.owner == "old"]
-    assert held.is_released
-    del stale_k
-    assert [b.owner for b in cache.allocator.leak_report()] == ["new"]
+def test_on_cpu_cached_pages_are_reused_before_memory_never_written() -> None:
+    """An untouched page of the reserved pool is not resident yet: evicting a cached page keeps
+    resident memory at the peak of pages in use instead of growing with the cache."""
+    cache = make_cache(num_pages=16)
+    fill(cache, "a", list(range(1, 10)))  # pages 1, 2 (keyed) and 3
+    cache.free("a")
+    assert cache.stats().num_cached_pages == 2
+    b = cache.allocate("b", [])
+    assert cache.ensure(b, 12)  # 3 pages: page 3 (free), then the cached ones, not page 4
+    assert sorted(b.page_ids) == [1, 2, 3] and cache.stats().num_cached_pages == 0
+    assert cache.ensure(b, 16)  # a 4th page: nothing cached is left, so a new one is touched
+    assert b.page_ids[-1] == 4

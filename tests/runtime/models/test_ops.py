@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime.memory.kv_cache import SequenceKV
-from runtime.models import SeqSlice, load_model, ops
+from runtime.models import load_model, ops
 from tests.runtime.models.builders import build_gemma, build_llama
+from tests.runtime.models.paged import Pages
 
 gen = torch.Generator().manual_seed(0)
 
@@ -73,9 +73,9 @@ def test_attention_paths_match_reference(n: int, past: int, kv_heads: int) -> No
 
 
 def run(model, tokens: list[int]) -> torch.Tensor:
-    a = model.args
-    kv = SequenceKV.empty(a.num_layers, a.num_kv_heads, a.head_dim, 32)
-    return model.compute_logits(model(torch.tensor(tokens), [SeqSlice(0, len(tokens), kv)]))
+    pages = Pages(model)
+    (logits,) = pages.step([(pages.new(), tokens)])
+    return logits
 
 
 @pytest.mark.parametrize(

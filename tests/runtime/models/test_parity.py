@@ -1,6 +1,6 @@
 """Logit parity with transformers (fp32, CPU) on tiny random-weight checkpoints:
-single sequence, a packed batch of different lengths, and prefill-then-decode through SequenceKV
-(including a chunked prefill next to a decode in one forward)."""
+single sequence, a packed batch of different lengths, and prefill-then-decode over paged KV
+(including a chunked prefill next to a decode in one forward, pages appended as tokens arrive)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.memory.kv_cache import SequenceKV
 from runtime.models import CausalLM, SeqSlice, load_model
 from tests.runtime.models.builders import build_gemma, build_llama, build_qwen2, hf_model
+from tests.runtime.models.paged import Pages
 
 TOL = 1e-4
 BUILDERS: dict[str, Callable[[Path], Path]] = {
@@ -37,27 +37,6 @@ def prompts(vocab: int) -> list[list[int]]:
     return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in (11, 1, 5, 17)]
 
 
-def new_kv(model: CausalLM, capacity: int = 64) -> SequenceKV:
-    a, weight = model.args, model.embed_tokens.weight
-    return SequenceKV.empty(
-        a.num_layers, a.num_kv_heads, a.head_dim, capacity, weight.dtype, weight.device
-    )
-
-
-def step(model: CausalLM, chunks: list[tuple[SequenceKV, list[int]]]) -> list[torch.Tensor]:
-    """One packed forward over (kv, new tokens) pairs -> per-sequence logits; advances each kv."""
-    seqs: list[SeqSlice] = []
-    ids: list[int] = []
-    for kv, tokens in chunks:
-        seqs.append(SeqSlice(len(ids), len(ids) + len(tokens), kv))
-        ids += tokens
-    input_ids = torch.tensor(ids, device=model.embed_tokens.weight.device)
-    logits = model.compute_logits(model(input_ids, seqs)).cpu()
-    for seq in seqs:
-        seq.kv.advance(seq.end - seq.start)
-    return [logits[s.start : s.end] for s in seqs]
-
-
 def reference(hf, tokens: list[int]) -> torch.Tensor:
     with torch.no_grad():
         return hf(torch.tensor([tokens])).logits[0].float()
@@ -70,7 +49,8 @@ def test_single_sequence(pair) -> None:
 
 def check_single_sequence(ours: CausalLM, hf, tol: float) -> None:
     tokens = prompts(ours.args.vocab_size)[0]
-    (logits,) = step(ours, [(new_kv(ours), tokens)])
+    pages = Pages(ours)
+    (logits,) = pages.step([(pages.new(), tokens)])
     assert logits.dtype == torch.float32
     torch.testing.assert_close(logits, reference(hf, tokens), atol=tol, rtol=0)
 
@@ -82,7 +62,8 @@ def test_packed_batch_of_different_lengths(pair) -> None:
 
 def check_packed_batch(ours: CausalLM, hf, tol: float) -> None:
     batch = prompts(ours.args.vocab_size)
-    got = step(ours, [(new_kv(ours), p) for p in batch])
+    pages = Pages(ours)
+    got = pages.step([(pages.new(), p) for p in batch])
     for tokens, logits in zip(batch, got, strict=True):
         torch.testing.assert_close(logits, reference(hf, tokens), atol=tol, rtol=0)
 
@@ -96,14 +77,15 @@ def check_prefill_then_decode(ours: CausalLM, hf, tol: float) -> None:
     """Seq A: prefill 6, then a 4-token chunk beside B's decodes, then decode; seq B: prefill 3,
     then decode one token per step. Each step's logits match HF's full-sequence logits."""
     a_tokens, _, _, b_tokens = prompts(ours.args.vocab_size)
-    kv_a, kv_b = new_kv(ours), new_kv(ours)
-    got_a, got_b = step(ours, [(kv_a, a_tokens[:6]), (kv_b, b_tokens[:3])])
+    pages = Pages(ours)
+    kv_a, kv_b = pages.new(), pages.new()
+    got_a, got_b = pages.step([(kv_a, a_tokens[:6]), (kv_b, b_tokens[:3])])
     logits_a, logits_b = [got_a], [got_b]
-    chunk_a, dec_b = step(ours, [(kv_a, a_tokens[6:10]), (kv_b, b_tokens[3:4])])
+    chunk_a, dec_b = pages.step([(kv_a, a_tokens[6:10]), (kv_b, b_tokens[3:4])])
     logits_a.append(chunk_a)
     logits_b.append(dec_b)
     for i in range(10, len(a_tokens)):
-        dec_b, dec_a = step(ours, [(kv_b, b_tokens[i - 6 : i - 5]), (kv_a, a_tokens[i : i + 1])])
+        dec_b, dec_a = pages.step([(kv_b, b_tokens[i - 6 : i - 5]), (kv_a, a_tokens[i : i + 1])])
         logits_a.append(dec_a)
         logits_b.append(dec_b)
     assert kv_a.num_tokens == len(a_tokens)
@@ -114,14 +96,17 @@ def check_prefill_then_decode(ours: CausalLM, hf, tol: float) -> None:
 
 def test_kv_cursor_is_not_advanced_by_forward(pair) -> None:
     ours, _ = pair
-    kv = new_kv(ours)
+    kv = Pages(ours).new(capacity=3)  # block size 4: one page
     ours(torch.tensor([1, 2, 3]), [SeqSlice(0, 3, kv)])
     assert kv.num_tokens == 0
-    assert kv.data[:, :, :, :3].abs().sum() > 0 and kv.data[:, :, :, 3:].abs().sum() == 0
+    (page,) = kv.page_ids
+    assert (
+        kv.data[:, :, :, page, :3].abs().sum() > 0 and kv.data[:, :, :, page, 3:].abs().sum() == 0
+    )
 
 
 def test_kv_overflow_is_refused(pair) -> None:
     ours, _ = pair
-    kv = new_kv(ours, capacity=2)
+    kv = Pages(ours, block_size=2).new(capacity=2)
     with pytest.raises(ValueError, match="KV overflow"):
         ours(torch.tensor([1, 2, 3]), [SeqSlice(0, 3, kv)])

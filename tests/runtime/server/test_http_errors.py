@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -180,3 +181,50 @@ def test_drain_withdraws_readiness_before_it_refuses_work() -> None:
         assert state.drain.is_draining and len(stopped) == 1
 
     asyncio.run(run())
+
+
+def test_admin_memory_names_the_pages_each_request_holds(served: LiveServer) -> None:
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    loaded = served.state.router.pick("llama").engine.loaded
+    hooks = ModelHooks(loaded)
+    hooks.sleep_s = 0.05  # slow steps: the request is still running when the report is read
+    body = {"model": "llama", "prompt": "page " * 40, "max_tokens": 500, "ignore_eos": True}
+    try:
+        with httpx.stream(
+            "POST", f"{served.url}/v1/completions", json={**body, "stream": True}, headers=AUTH
+        ) as stream:
+            lines = stream.iter_lines()  # held: a dropped iterator closes the stream (a cancel)
+            first = next(line for line in lines if line.startswith("data: {"))
+            rid = json.loads(first.removeprefix("data: "))["id"]
+            report = httpx.get(f"{served.url}/admin/memory", headers=admin).json()
+    finally:
+        loaded.model.forward = hooks._forward  # type: ignore[method-assign]
+    (allocator,) = report["allocators"]
+    pool_rows = {f"kv-cache:llama/stable:{s}" for s in ("shared", "cached", "free", "zero-page")}
+    rows = [b for b in allocator["live_blocks"] if b["owner"] in pool_rows]
+    mine = [b for b in allocator["live_blocks"] if b["owner"] == rid]
+    assert len(mine) == 1 and mine[0]["num_handles"] >= 3  # a 40-token prompt's pages
+    kv = {k["model"]: k for k in report["kv_caches"]}["llama"]
+    # the pool's rows (request, shared, cached, free, zero page) add up to every page
+    assert sum(b["num_handles"] for b in rows + mine) == kv["num_pages"] + 1
+    assert kv["num_used_pages"] >= mine[0]["num_handles"]
+    page_bytes = mine[0]["nbytes"] // mine[0]["num_handles"]
+    assert sum(b["nbytes"] for b in rows + mine) == (kv["num_pages"] + 1) * page_bytes
+
+
+def test_a_prompt_longer_than_the_kv_pool_is_a_400_naming_the_limit(
+    demo_model_dir: Callable[[str], Path],
+) -> None:
+    path = demo_model_dir("llama")
+    config = EngineConfig(model_path=path, model_name="llama", device="cpu", kv_cache_bytes=1 << 19)
+    make = router_of(llama=lambda sink: Engine(config, sink))
+    with live_server(light_settings(), make) as server:
+        engine = server.state.router.pick("llama").engine
+        limit = engine._parts.kv_cache.max_tokens  # 63 pages of 16 tokens
+        body = {"model": "llama", "prompt": [5] * (limit + 100), "max_tokens": 2}
+        response = httpx.post(f"{server.url}/v1/completions", json=body, headers=AUTH, timeout=30)
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert error["param"] == "prompt" and error["type"] == "invalid_request_error"
+        assert f"({limit} tokens)" in error["message"] and "KV cache" in error["message"]
+        assert engine.num_waiting == 0  # refused, not queued

@@ -148,3 +148,44 @@ def test_base64_decoding_is_little_endian_float32() -> None:
 
     raw = base64.b64decode(_encode([1.5, -2.0], "base64"))
     assert struct.unpack("<2f", raw) == (1.5, -2.0)
+
+
+def test_usage_reports_prompt_tokens_served_from_the_prefix_cache(
+    client: openai.OpenAI, served: LiveServer
+) -> None:
+    system = "You answer questions about page tables and caches. " * 8  # several 16-token pages
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "Why?"}]
+    tokenizer = served.state.router.pick("llama").engine.tokenizer
+    num_prompt = len(tokenizer.encode(tokenizer.apply_chat_template(messages)))
+    first = client.chat.completions.create(
+        model="llama", messages=messages, max_tokens=3, temperature=0
+    )
+    assert first.usage is not None and first.usage.prompt_tokens_details is not None
+    assert first.usage.prompt_tokens_details.cached_tokens == 0  # nobody computed it before
+    again = client.chat.completions.create(
+        model="llama", messages=messages, max_tokens=3, temperature=0
+    )
+    assert again.usage is not None and again.usage.prompt_tokens_details is not None
+    # every full page but the one holding the last prompt token (which is always computed)
+    assert again.usage.prompt_tokens_details.cached_tokens == (num_prompt - 1) // 16 * 16 > 0
+    assert again.choices[0].message.content == first.choices[0].message.content
+    streamed = list(
+        client.chat.completions.create(
+            model="llama",
+            messages=messages,
+            max_tokens=3,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    usage = streamed[-1].usage
+    assert usage is not None and usage.prompt_tokens_details is not None
+    assert usage.prompt_tokens_details.cached_tokens == (num_prompt - 1) // 16 * 16
+    prompt = system + " A completion prompt."
+    client.completions.create(model="llama", prompt=prompt, max_tokens=2, temperature=0)
+    completion = client.completions.create(
+        model="llama", prompt=prompt, max_tokens=2, temperature=0
+    )
+    assert completion.usage is not None and completion.usage.prompt_tokens_details is not None
+    assert completion.usage.prompt_tokens_details.cached_tokens > 0

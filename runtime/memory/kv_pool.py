@@ -1,0 +1,152 @@
+"""The page pool: fixed-size KV pages in one tensor, and the prefix index over full pages.
+
+    data[num_layers, 2, num_kv_heads, num_pages, block_size, head_dim]    (0 = keys, 1 = values)
+
+Head-major: one kv head's page is one contiguous [block_size, head_dim] run, so a layer's pages
+gathered head by head in block-table order are, per sequence and head, one contiguous
+[tokens, head_dim] matrix: the layout attention kernels read fastest (measured against a
+token-major page, whose gathered keys are strided per head: ~15% slower per layer on CPU).
+
+Reserved at start, not grown (the decision DESIGN asks for): the pool is one allocator block of
+`kv_cache_bytes` (rounded down to whole pages), taken when the engine is built and released when
+it shuts down. Why: the batched attention gathers pages from one tensor per layer (a paged kernel
+needs exactly that), and pages of a fixed size in one tensor cannot fragment. Memory stays flat:
+the block's size never changes. On CUDA this reserves device memory up front (as vLLM does); on
+CPU the OS backs a large block lazily, page by page as it is first written, and pages are handed
+out lowest id first, so resident memory follows the peak number of pages in use, not the cap.
+
+Page states: *free* (on a min-heap), *used* (held by >= 1 sequence: `refcounts[p] > 0`) and
+*cached* (held by none but keyed in the prefix index; LRU order, evicted oldest first when no
+free page is left, and on CPU before a page that was never written is touched). A page is zeroed
+when it is handed out (fresh memory may hold NaN bit patterns, and a masked key still multiplies
+its value by 0). Page 0 is the zero page: never handed out; padding in a batched gather points
+at it. A keyed page is full and is never written again: only the unkeyed page at a sequence's
+cursor is written, and it is held by that sequence alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import torch
+
+ZERO_PAGE = 0
+
+
+def page_key(prev_key: bytes, token_ids: Sequence[int], model_version: str) -> bytes:
+    """Key of a full page: its tokens, everything before it (through the previous key) and the
+    weights that computed it. blake2b-128: collisions are out of reach, unlike Python's hash."""
+    h = hashlib.blake2b(prev_key, digest_size=16)
+    h.update(model_version.encode())
+    h.update(array("q", token_ids).tobytes())
+    return h.digest()
+
+
+class PagePool:
+    """Pages, their reference counts, and the prefix index. Not thread-safe: KVCache locks."""
+
+    def __init__(self, data: torch.Tensor) -> None:
+        assert data.dim() == 6 and data.shape[1] == 2, "want [layers, 2, heads, pages, block, dim]"
+        self.data = data
+        self.num_pages = int(data.shape[3])  # including the zero page
+        self.block_size = int(data.shape[4])
+        self.refcounts = [0] * self.num_pages
+        self._free = list(range(1, self.num_pages))  # sorted: already a heap
+        self._lru: OrderedDict[int, None] = OrderedDict()  # cached pages, oldest first
+        self._by_key: dict[bytes, int] = {}
+        self._key_of: dict[int, bytes] = {}
+        self.lazy = data.device.type == "cpu"  # memory becomes resident when first written
+        self._touched = ZERO_PAGE + 1  # pages below this id have been written
+        data[:, :, :, ZERO_PAGE].zero_()
+
+    # --- counts --------------------------------------------------------------------------------
+    @property
+    def num_usable(self) -> int:
+        return self.num_pages - 1
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._lru)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_usable - self.num_free - self.num_cached
+
+    def can_take(self, n: int) -> bool:
+        return n <= len(self._free) + len(self._lru)
+
+    # --- pages ---------------------------------------------------------------------------------
+    def take(self, n: int) -> list[int] | None:
+        """`n` zeroed pages held once each (free pages first, then the oldest cached ones), or
+        None when there are not that many: no room is a return value, never a partial grant."""
+        if not self.can_take(n):
+            return None
+        pages: list[int] = []
+        free, lru = self._free, self._lru
+        while len(pages) < n:
+            # a free page whose memory was written before; on CPU an untouched one is not
+            # resident yet, so a cached page is evicted first: resident memory then follows the
+            # peak of pages in use, not an ever-growing cache (on CUDA the pool is reserved)
+            if free and (free[0] < self._touched or not lru or not self.lazy):
+                page = heapq.heappop(free)
+                self._touched = max(self._touched, page + 1)
+            else:  # evict: the page's old prefix is forgotten before it is reused
+                page, _ = lru.popitem(last=False)
+                del self._by_key[self._key_of.pop(page)]
+            pages.append(page)
+        for page in pages:
+            self.refcounts[page] = 1
+        if pages:
+            index = torch.tensor(pages, device=self.data.device)
+            self.data.index_fill_(3, index, 0)
+        return pages
+
+    def hold(self, page: int) -> None:
+        """One more holder of a used or cached page (a prefix hit)."""
+        if self.refcounts[page] == 0:
+            del self._lru[page]  # KeyError for a free page: holding one is a bug
+        self.refcounts[page] += 1
+
+    def release(self, page: int) -> None:
+        count = self.refcounts[page] - 1
+        if count < 0:
+            raise ValueError(f"page {page} released more often than held")
+        self.refcounts[page] = count
+        if count == 0:
+            if page in self._key_of:
+                self._lru[page] = None  # newest end: evicted last
+            else:
+                heapq.heappush(self._free, page)
+
+    # --- prefix index --------------------------------------------------------------------------
+    def lookup(self, key: bytes) -> int | None:
+        return self._by_key.get(key)
+
+    def publish(self, page: int, key: bytes) -> bool:
+        """Key a full, held page so later sequences can reuse it. False when the key already
+        names another page (two sequences computed the same prefix): the first one stays."""
+        if key in self._by_key or page in self._key_of or self.refcounts[page] == 0:
+            return False
+        self._by_key[key] = page
+        self._key_of[page] = key
+        return True
+
+    def is_keyed(self, page: int) -> bool:
+        return page in self._key_of
+
+    def key_of(self, page: int) -> bytes | None:
+        return self._key_of.get(page)
+
+    def cached_pages(self) -> list[int]:
+        return list(self._lru)
+
+    def free_pages(self) -> list[int]:
+        return sorted(self._free)
