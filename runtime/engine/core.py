@@ -147,9 +147,13 @@ class EngineCore:
             with self.lock:
                 if self._stop:
                     return
-                self.expire(time.monotonic())
-                limit = self.controller.maybe_update(time.monotonic())
-                batch = self.scheduler.schedule(limit)
+                try:
+                    self.expire(time.monotonic())
+                    limit = self.controller.maybe_update(time.monotonic())
+                    batch = self.scheduler.schedule(limit)
+                except Exception as exc:  # a fault in the bookkeeping must not end the loop:
+                    self._fail_live(exc)  # a dead loop would leave every request hanging
+                    continue
                 binds = self._limit_binds(limit)
                 if batch.is_empty:
                     records, self.records = self.records, []
@@ -289,6 +293,23 @@ class EngineCore:
         log.warning("out of memory in a step of %d sequences; preempting the newest", len(live))
         self.scheduler.preempt(live[-1])
         self.num_preemptions += 1
+
+    def _fail_live(self, cause: Exception) -> None:
+        """Scheduling raised: fail every live request (its state is no longer trusted) with a
+        typed error, free what can be freed, and keep the loop running for new requests."""
+        log.error(
+            "engine scheduling failed; failing %d live requests", len(self.seqs), exc_info=cause
+        )
+        message = f"engine scheduling failed: {type(cause).__name__}: {cause}"
+        cause = cause.with_traceback(None)  # its frames may hold views of KV pages
+        for seq in list(self.seqs.values()):
+            error = EngineInternalError(message)
+            error.__cause__ = cause
+            self.close(seq, error=error, failure_reason=FailureReason.INTERNAL)
+            try:
+                self.scheduler.finish(seq)
+            except Exception:  # already out of the scheduler's queues, or its state is broken
+                log.warning("could not release %s after the failure", seq.request_id)
 
     def _fail(self, batch: SchedulerOutput, cause: Exception) -> None:
         message = f"engine step failed: {type(cause).__name__}: {cause}"

@@ -139,14 +139,14 @@ def _compile_pieces(fused: FusedDecoder) -> None:
 
 
 def warm_up(fused: FusedDecoder, model: CausalLM, sizes: Sequence[int] = (1, 2)) -> None:
-    """One step per size on scratch KV storage (nothing of a request is touched)."""
+    """One step per size on a scratch page pool (nothing of a request is touched)."""
     a, weight = model.args, model.embed_tokens.weight
     for n in sizes:
-        kvs = [
-            SequenceKV.empty(
-                a.num_layers, a.num_kv_heads, a.head_dim, 2, weight.dtype, weight.device
-            )
-            for _ in range(n)
-        ]
+        pool = SequenceKV.empty(
+            a.num_layers, a.num_kv_heads, a.head_dim, n, weight.dtype, weight.device, block_size=1
+        )
+        kvs = [SequenceKV(pool.data) for _ in range(n)]
+        for i, kv in enumerate(kvs):
+            kv.page_ids = [pool.page_ids[i]]  # one one-token page each, in one pool
         ids = torch.zeros(n, dtype=torch.long, device=weight.device)
         fused(ids, [SeqSlice(i, i + 1, kv) for i, kv in enumerate(kvs)])

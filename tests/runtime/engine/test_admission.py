@@ -103,6 +103,34 @@ def test_a_failing_step_fails_its_requests_and_the_engine_lives_on(demo_model_di
 
 
 @pytest.mark.timeout(120)
+def test_a_scheduling_fault_fails_live_requests_and_the_loop_lives_on(
+    demo_model_dir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not a hang: a loop thread that died would leave every request waiting for its timeout."""
+    sink = RecordingSink()
+    engine, _ = make_engine(demo_model_dir("llama"), sink)
+    engine.load()
+    scheduler = engine._parts.core.scheduler
+    schedule = scheduler.schedule
+    faults = [RuntimeError("injected scheduling fault")]
+
+    def faulty(limit: int):
+        if faults and scheduler.num_waiting:
+            raise faults.pop()
+        return schedule(limit)
+
+    monkeypatch.setattr(scheduler, "schedule", faulty)
+    broken = engine.submit(request("broken", [5, 6, 7], greedy(5)))
+    with pytest.raises(EngineInternalError, match="injected scheduling fault"):
+        broken.result(timeout=60)
+    assert live_owners(engine) == []
+    fine = engine.submit(request("fine", [5, 6, 7], greedy(5))).result(timeout=60)
+    assert fine.completion_tokens == 5
+    engine.shutdown(drain_timeout_s=10)
+    assert sink.by_id()["broken"].failure_reason == "internal"
+
+
+@pytest.mark.timeout(120)
 def test_invalid_requests_are_typed_errors_with_the_param(demo_model_dir) -> None:
     engine, _ = make_engine(demo_model_dir("llama"), kv_cache_bytes=1 << 19)
     try:

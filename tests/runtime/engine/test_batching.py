@@ -93,15 +93,15 @@ def test_small_kv_budget_holds_requests_and_outputs_stay_correct(demo_model_dir,
     engine, _ = make_engine(demo_model_dir("llama"), kv_cache_bytes=budget, max_num_seqs=16)
     engine.load()
     kv_cache = engine._parts.kv_cache
-    used: list[int] = []  # the KV cache's bytes in use after every allocation
-    allocate = kv_cache.allocate
+    used: list[int] = []  # pages held by sequences after every page request
+    ensure = kv_cache.ensure
 
-    def recording_allocate(seq_id: str, num_tokens: int) -> Any:
-        kv = allocate(seq_id, num_tokens)
-        used.append(kv_cache.num_used_bytes)
-        return kv
+    def recording_ensure(kv: Any, num_new_tokens: int) -> bool:
+        granted = ensure(kv, num_new_tokens)
+        used.append(kv_cache.stats().num_used_pages)
+        return granted
 
-    kv_cache.allocate = recording_allocate  # type: ignore[method-assign]
+    kv_cache.ensure = recording_ensure  # type: ignore[method-assign]
     try:
         handles = [
             engine.submit(request(f"k{i}", prompts[i], greedy(max_tokens[i]))) for i in range(24)
@@ -112,9 +112,10 @@ def test_small_kv_budget_holds_requests_and_outputs_stay_correct(demo_model_dir,
         engine.shutdown(drain_timeout_s=10)
     assert [r.token_ids for r in results] == expected[:24]
     assert held > 0, "the budget should have made requests wait for KV room"
-    assert len(used) >= 24 and 0 < max(used) <= budget  # every sequence got KV, within budget
-    assert max(used) > budget // 2  # the budget really was the constraint, not slack
-    assert kv_cache.num_used_bytes == 0
+    pages = kv_cache.stats().num_pages
+    assert (pages + 1) * kv_cache.bytes_per_page <= budget  # the pool (and its zero page) fits
+    assert len(used) >= 24 and 0 < max(used) <= pages  # every sequence got pages, within the pool
+    assert max(used) > pages // 2  # the budget really was the constraint, not slack
     assert live_owners(engine) == []
 
 

@@ -15,7 +15,8 @@ from runtime.models.fast.decoder import FusedDecoder
 from runtime.models.fast.graphs import batch_buckets
 from runtime.models.fast.rope_table import RopeTable
 from tests.runtime.models.builders import hf_model
-from tests.runtime.models.test_parity import BUILDERS, TOL, new_kv, prompts
+from tests.runtime.models.paged import Pages
+from tests.runtime.models.test_parity import BUILDERS, TOL, prompts
 
 NUM_DECODE = 6
 
@@ -37,7 +38,8 @@ def greedy_decode(
 ) -> tuple[list[list[int]], list[torch.Tensor]]:
     """Prefill every prompt (eager, one packed forward), then NUM_DECODE greedy steps of the
     whole batch through `step`; -> tokens per sequence, logits [batch, vocab] per step."""
-    kvs = [new_kv(model) for _ in batch]
+    pages = Pages(model, num_pages=16 * len(batch))  # one pool: a forward reads one
+    kvs = [pages.new(capacity=len(tokens) + NUM_DECODE) for tokens in batch]
     seqs, ids = [], []
     for kv, tokens in zip(kvs, batch, strict=True):
         seqs.append(SeqSlice(len(ids), len(ids) + len(tokens), kv))
@@ -96,13 +98,16 @@ def test_fast_decode_matches_eager_and_transformers(checkpoint: Path, model: Cau
 def test_fast_decode_writes_the_same_kv_as_eager(model: CausalLM) -> None:
     prompt = prompts(model.args.vocab_size)[0]
     caches = []
+    a, weight = model.args, model.embed_tokens.weight
     for step in (model, FusedDecoder(model)):
-        kv = new_kv(model)
+        kv = SequenceKV.empty(
+            a.num_layers, a.num_kv_heads, a.head_dim, len(prompt) + 1, weight.dtype, block_size=4
+        )
         model(torch.tensor(prompt), [SeqSlice(0, len(prompt), kv)])
         kv.advance(len(prompt))
         step(torch.tensor([7]), [SeqSlice(0, 1, kv)])
         assert kv.num_tokens == len(prompt)  # the step does not advance the cursor
-        caches.append(kv.data[:, :, :, : len(prompt) + 1])
+        caches.append(kv.data)  # a pool of its own: only this sequence's pages are written
     torch.testing.assert_close(caches[1], caches[0], atol=1e-5, rtol=0)
 
 
@@ -132,7 +137,7 @@ def test_rotary_equals_hf_rotate_half() -> None:
 
 def test_a_kv_overflow_is_refused_on_the_fast_path(model: CausalLM) -> None:
     a = model.args
-    kv = SequenceKV.empty(a.num_layers, a.num_kv_heads, a.head_dim, 1)
+    kv = SequenceKV.empty(a.num_layers, a.num_kv_heads, a.head_dim, 1, block_size=1)
     kv.advance(1)
     with pytest.raises(ValueError, match="KV overflow"):
         FusedDecoder(model)(torch.tensor([1]), [SeqSlice(0, 1, kv)])
