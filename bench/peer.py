@@ -6,10 +6,12 @@ The `small` llama's random weights (built once under --cache-dir) are converted 
 (`bench.gguf_export`: q/k rows permuted into llama.cpp's rope layout) and run by llama-cpp-python
 (an optional extra, built from source: `CMAKE_ARGS="-DGGML_NATIVE=ON" pip install
 llama-cpp-python gguf`; without it the bench says so and skips). Both sides decode greedily from
-the same 32 prompt ids; the first 16 tokens of both must agree, or the comparison is void and
-the bench fails. Ours goes through the real engine (offline `generate`), once on the fast decode
-step and once on the eager forward (compile=off); llama.cpp through `Llama.eval` plus an argmax
-over its logits. Decode time = time(prefill + N) - time(prefill + 1), best of interleaved rounds.
+the same 32 prompt ids; the first 16 tokens of both must agree and the logits after the prompt
+stay within 1e-3 of ours (a random model's greedy tokens can repeat; the logits cannot hide a
+wrong conversion), or the comparison is void and the bench fails. Ours goes through the real
+engine (offline `generate`), once on the fast decode step and once on the eager forward
+(compile=off); llama.cpp through `Llama.eval` plus an argmax over its logits. Decode time =
+time(prefill + N) - time(prefill + 1), best of interleaved rounds.
 
 Each side runs in its own worker process, so the idle side's OpenMP threads never spin against
 the one being timed; the workers take turns, one command at a time. On a shared, loaded machine
@@ -30,6 +32,7 @@ from bench.generate import DEFAULT_CACHE
 from bench.peer_workers import Worker, llama_cpp_missing
 
 AGREE_TOKENS = 16
+LOGIT_TOL = 1e-3  # fp32 on both sides: only summation order differs
 
 
 def _measure(workers: dict[str, Worker], threads: int, new_tokens: int, rounds: int) -> dict:
@@ -68,12 +71,17 @@ def main(argv: list[str] | None = None) -> int:
         ours = workers["fast"].greedy_tokens(AGREE_TOKENS)
         eager = workers["eager"].greedy_tokens(AGREE_TOKENS)
         theirs = workers["llama_cpp"].greedy_tokens(AGREE_TOKENS)
-        agree = ours == theirs == eager
+        ours_logits = workers["eager"].prompt_logits()
+        their_logits = workers["llama_cpp"].prompt_logits()
+        logit_diff = max(abs(a - b) for a, b in zip(ours_logits, their_logits, strict=True))
+        agree = ours == theirs == eager and logit_diff <= LOGIT_TOL
         print(f"first {AGREE_TOKENS} greedy tokens: ours {ours}", file=sys.stderr)
         print(f"                     llama.cpp {theirs}", file=sys.stderr)
+        print(f"logits after the prompt: max |ours - llama.cpp| {logit_diff:.2e}", file=sys.stderr)
         if not agree:
             print("the sides disagree: the comparison is void", file=sys.stderr)
-            print(json.dumps({"first_tokens_agree": False, "ours": ours, "llama_cpp": theirs}))
+            void = {"first_tokens_agree": False, "ours": ours, "llama_cpp": theirs}
+            print(json.dumps({**void, "first_logits_max_abs_diff": logit_diff}))
             return 1
         report: dict = {}
         for threads in thread_counts:
@@ -86,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         str(t): report[f"threads_{t}"]["ratio_vs_llama_cpp"] for t in thread_counts
     }
     report["first_tokens_agree"] = True
+    report["first_logits_max_abs_diff"] = float(f"{logit_diff:.3g}")
     report["clock"] = args.clock
     print(json.dumps(report))
     return 0

@@ -1,7 +1,8 @@
 """The worker processes of `bench.peer`: one per side, each loading its model once and then
 answering one command at a time over a pipe (so only the side being timed has threads awake).
 
-Commands: ("tokens", n) -> the first n greedy token ids; ("decode", threads, n) -> seconds of
+Commands: ("tokens", n) -> the first n greedy token ids (n = 0: the logits after the prompt);
+("decode", threads, n) -> seconds of
 prefill + n tokens minus prefill + 1 token (the decode time of n tokens), on the chosen clock.
 """
 
@@ -38,7 +39,7 @@ def prompt_ids() -> list[int]:
     return torch.randint(4, 1000, (PROMPT_TOKENS,), generator=gen).tolist()
 
 
-def _ours(model_dir: Path, compile_mode: str) -> Callable[[int, int], list[int]]:
+def _ours(model_dir: Path, compile_mode: str) -> Callable[[int, int], list[Any]]:
     import torch
 
     from runtime.engine.offline import generate
@@ -48,8 +49,10 @@ def _ours(model_dir: Path, compile_mode: str) -> Callable[[int, int], list[int]]
     loaded = load_model(model_dir, dtype="float32", device="cpu")
     prompt = prompt_ids()
 
-    def run(threads: int, n: int) -> list[int]:
+    def run(threads: int, n: int) -> list[Any]:
         torch.set_num_threads(threads)
+        if n == 0:  # the logits after the prompt, as a list (one eager forward)
+            return _prompt_logits(loaded, prompt)
         params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
         (result,) = generate(loaded, [prompt], params, compile=compile_mode)
         return result.token_ids
@@ -57,7 +60,20 @@ def _ours(model_dir: Path, compile_mode: str) -> Callable[[int, int], list[int]]
     return run
 
 
-def _llama_cpp(model_dir: Path) -> Callable[[int, int], list[int]]:
+def _prompt_logits(loaded: Any, prompt: list[int]) -> list[float]:
+    import torch
+
+    from runtime.memory.kv_cache import SequenceKV
+    from runtime.models.base import SeqSlice
+
+    model, a = loaded.model, loaded.args
+    kv = SequenceKV.empty(a.num_layers, a.num_kv_heads, a.head_dim, len(prompt))
+    with torch.inference_mode():
+        hidden = model(torch.tensor(prompt), [SeqSlice(0, len(prompt), kv)])
+        return model.compute_logits(hidden[-1:])[0].tolist()
+
+
+def _llama_cpp(model_dir: Path) -> Callable[[int, int], list[Any]]:
     import llama_cpp
     import numpy as np
 
@@ -69,7 +85,7 @@ def _llama_cpp(model_dir: Path) -> Callable[[int, int], list[int]]:
     llms: dict[int, Any] = {}
     prompt = prompt_ids()
 
-    def run(threads: int, n: int) -> list[int]:
+    def run(threads: int, n: int) -> list[Any]:
         if threads not in llms:
             llms[threads] = llama_cpp.Llama(
                 model_path=str(gguf_path),
@@ -83,6 +99,10 @@ def _llama_cpp(model_dir: Path) -> Callable[[int, int], list[int]]:
         vocab = llm.n_vocab()
         llm.reset()
         llm.eval(prompt)
+        if n == 0:
+            return np.ctypeslib.as_array(
+                llama_cpp.llama_get_logits(llm.ctx), shape=(vocab,)
+            ).tolist()
         tokens: list[int] = []
         while True:
             logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(llm.ctx), shape=(vocab,))
@@ -136,6 +156,9 @@ class Worker:
         if not (model_dir / "config.json").is_file():
             make_demo_model(model_dir, arch="llama", size="small", seed=0, progress=True)
         return {side: cls(side, model_dir, clock) for side in SIDES}
+
+    def prompt_logits(self) -> list[float]:
+        return self.greedy_tokens(0)  # type: ignore[return-value]
 
     def greedy_tokens(self, n: int) -> list[int]:
         self.conn.send(("tokens", n))

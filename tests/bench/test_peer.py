@@ -103,4 +103,5 @@ def test_first_greedy_tokens_agree_with_llama_cpp(tmp_path: Path) -> None:
         logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(llm.ctx), shape=(llm.n_vocab(),))
         theirs.append(int(np.argmax(logits)))
         llm.eval(theirs[-1:])
+    llm.close()
     assert theirs == ours.token_ids

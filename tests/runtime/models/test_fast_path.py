@@ -88,8 +88,8 @@ def test_fast_decode_matches_eager_and_transformers(checkpoint: Path, model: Cau
     for fast, eager in zip(fast_logits, eager_logits, strict=True):
         torch.testing.assert_close(fast, eager, atol=TOL, rtol=0)
     hf = hf_model(checkpoint)
-    for i, tokens in enumerate(batch):
-        hf_tokens, hf_logits = hf_greedy(hf, tokens)
+    for i in (0, 1):  # against transformers: a 11-token and a 1-token prompt (suite time)
+        hf_tokens, hf_logits = hf_greedy(hf, batch[i])
         assert fast_tokens[i] == hf_tokens
         ours = torch.stack([step[i] for step in fast_logits])
         torch.testing.assert_close(ours, hf_logits, atol=TOL, rtol=0)
