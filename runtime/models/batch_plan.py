@@ -47,6 +47,9 @@ class BatchPlan:
     output_index: Tensor | None
     mask: Tensor | None  # [num_rows, 1, q_tile * group, num_keys] True = attend; None: see below
     single_prefill: bool  # one sequence from position 0: its new K/V are all it attends to
+    # one sequence whose pages are consecutive in the pool (first page, pages, tokens before the
+    # new ones): it attends to a view of the pool, nothing gathered (batch-1 decode, usually)
+    lone_run: tuple[int, int, int] | None = None
 
     @classmethod
     def build(cls, seqs: Sequence[SeqSlice], input_ids: Tensor, group: int) -> BatchPlan:
@@ -110,8 +113,9 @@ class BatchPlan:
             query_pos.extend(range(past, past + n))
             query_pos.extend([0] * (q_tile - n))  # position 0 sees key 0 only: no empty row
         single_prefill = len(seqs) == 1 and seqs[0].kv.num_tokens == 0
+        lone_run = None if single_prefill or len(seqs) > 1 else _lone_run(seqs[0].kv, pages[0])
         mask = None
-        if not single_prefill and rows:
+        if not single_prefill and lone_run is None and rows:
             num_keys = pages_per_row * size
             pos = tensor(query_pos).view(len(rows), q_tile, 1)
             allowed = torch.arange(num_keys, device=device) <= pos  # [rows, q_tile, keys]
@@ -121,7 +125,7 @@ class BatchPlan:
                 expanded = allowed[:, None, :, None].expand(-1, 1, -1, group, -1)
                 mask = expanded.reshape(len(rows), 1, q_tile * group, num_keys)
         kv_table = gather_out = None
-        if not single_prefill:
+        if not single_prefill and lone_run is None:
             rows_pages = tensor(table_flat)
             heads = torch.arange(2 * num_kv_heads, device=device)[:, None] * num_pages
             kv_table = (heads + rows_pages).view(-1)
@@ -149,7 +153,17 @@ class BatchPlan:
             output_index=output_index,
             mask=mask,
             single_prefill=single_prefill,
+            lone_run=lone_run,
         )
+
+
+def _lone_run(kv: SequenceKV, num_pages: int) -> tuple[int, int, int] | None:
+    """Pages are handed out lowest id first, so a lone sequence's table is often one run."""
+    table = kv.page_ids[:num_pages]
+    first = table[0]
+    if table[-1] - first != num_pages - 1 or any(p != first + i for i, p in enumerate(table)):
+        return None
+    return first, num_pages, kv.num_tokens
 
 
 def _pick_q_tile(lengths: Sequence[int], group: int, max_rows: int) -> int:

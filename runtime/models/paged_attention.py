@@ -6,7 +6,9 @@ rows' pages (keys and values, head by head) from the pool into the plan's reused
 then a padded batch [rows, kv_heads, keys, head_dim] with each (row, head) contiguous; one
 `ops.masked_attention` call with the plan's mask. A query group (the query heads that share a kv
 head) is folded into query rows, so K/V are never repeated per query head. A lone sequence
-starting at position 0 attends to its own new K/V (causal, nothing to gather).
+starting at position 0 attends to its own new K/V (causal, nothing to gather); a lone sequence
+whose pages are one run of the pool (lowest ids first: the usual batch-1 case) attends to a view
+of that run, nothing gathered either.
 
 What this costs on CPU is in docs/kv_cache.md (measured against the old per-sequence calls).
 """
@@ -32,6 +34,15 @@ def attend(plan: BatchPlan, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tens
     if plan.single_prefill:
         out = ops.attention(
             q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), causal_offset=0
+        )
+        return out.transpose(0, 1)
+    if plan.lone_run is not None:  # one sequence, its pages one run: a view, no gather
+        first, count, past = plan.lone_run
+        total = past + num_tokens
+        run_k = pool[0].narrow(1, first, count).reshape(num_kv_heads, count * size, head_dim)
+        run_v = pool[1].narrow(1, first, count).reshape(num_kv_heads, count * size, head_dim)
+        out = ops.attention(
+            q.transpose(0, 1), run_k[:, :total], run_v[:, :total], causal_offset=past
         )
         return out.transpose(0, 1)
     rows, tile, keys = plan.num_rows, plan.q_tile, plan.num_keys

@@ -36,6 +36,35 @@ def fill(kv: SequenceKV, past: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize(
+    "interleaved", [False, True], ids=["pages-in-one-run", "pages-interleaved"]
+)
+@pytest.mark.parametrize("n", [1, 6], ids=["decode", "chunk"])
+def test_a_lone_sequence_reads_a_view_of_its_run_or_gathers(interleaved: bool, n: int) -> None:
+    """One run of pages: attention over a view of the pool (no gather); pages interleaved with
+    another sequence's: the gather. Both equal the reference over the same keys."""
+    g = torch.Generator().manual_seed(n)
+    cache = make_cache()
+    kv, other = cache.allocate("a", []), cache.allocate("b", [])
+    past = 13
+    for _ in range(-(-(past + n) // BLOCK)):  # a page at a time, alternating when interleaved
+        assert cache.ensure(kv, (len(kv.page_ids) + 1) * BLOCK - kv.num_tokens)
+        if interleaved:
+            assert cache.ensure(other, (len(other.page_ids) + 1) * BLOCK)
+    old = torch.randn(2, HKV, past, D, generator=g)
+    fill(kv, old)
+    q = torch.randn(n, HQ, D, generator=g)
+    k, v = torch.randn(2, n, HKV, D, generator=g)
+    plan = BatchPlan.build([SeqSlice(0, n, kv)], torch.zeros(n, dtype=torch.long), HQ // HKV)
+    assert (plan.lone_run is None) == interleaved
+    assert (plan.gather_out is None) == (not interleaved)
+    got = paged_attention.attend(plan, 0, q, k, v)
+    keys = torch.cat([old[0], k.transpose(0, 1)], dim=1)
+    values = torch.cat([old[1], v.transpose(0, 1)], dim=1)
+    want = ops.attention_ref(q.transpose(0, 1), keys, values, causal_offset=past)
+    torch.testing.assert_close(got.transpose(0, 1), want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
     "shape",
     [
         [(9, 1), (30, 1), (3, 1)],  # decodes of different lengths (tile 1)
