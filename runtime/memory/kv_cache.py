@@ -117,7 +117,7 @@ class KVCache:
         self.num_query_tokens = self.num_hit_tokens = 0
         self._seqs: dict[str, SequenceKV] = {}
         self._lock = threading.Lock()
-        self._born_s = time.monotonic()
+        self.born_s = time.monotonic()
         self.pool_id = f"{owner}#{id(self):x}"
         self.scratch = GatherScratch(dtype, self.device)
         allocator.set_breakdown(block, self.report)

@@ -8,16 +8,44 @@ a shared prefix), `<owner>:cached` (held by none, kept for prefix reuse), `<owne
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
-from runtime.memory.kv_pool import ZERO_PAGE
+import torch
+
+from runtime.memory.kv_pool import ZERO_PAGE, PagePool
 from runtime.memory.report import LiveBlock
 
-if TYPE_CHECKING:
-    from runtime.memory.kv_cache import KVCache, SequenceKV
+
+class PoolView(Protocol):
+    """What the report reads of a `KVCache` (a protocol: kv_cache imports this module)."""
+
+    @property
+    def pool(self) -> PagePool: ...
+    @property
+    def owner(self) -> str: ...
+    @property
+    def bytes_per_page(self) -> int: ...
+    @property
+    def tier(self) -> str: ...
+    @property
+    def dtype(self) -> torch.dtype: ...
+    @property
+    def born_s(self) -> float: ...
 
 
-def pool_rows(cache: KVCache, seqs: list[SequenceKV]) -> list[LiveBlock]:
+class TableView(Protocol):
+    """What the report reads of a `SequenceKV`."""
+
+    @property
+    def seq_id(self) -> str: ...
+    @property
+    def page_ids(self) -> Sequence[int]: ...
+    @property
+    def born_s(self) -> float: ...
+
+
+def pool_rows(cache: PoolView, seqs: Sequence[TableView]) -> list[LiveBlock]:
     """Under the cache's lock."""
     pool, now = cache.pool, time.monotonic()
     layers, _, heads, _, block, dim = pool.data.shape
@@ -41,7 +69,7 @@ def pool_rows(cache: KVCache, seqs: list[SequenceKV]) -> list[LiveBlock]:
         if own:
             rows.append(row(kv.seq_id, own, kv.born_s))
     num_shared = sum(1 for count in pool.refcounts if count > 1)
-    born = cache._born_s
+    born = cache.born_s
     for suffix, count in (
         ("shared", num_shared),
         ("cached", pool.num_cached),

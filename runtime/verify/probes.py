@@ -63,16 +63,32 @@ def row_deviations(fast: Tensor, ref: Tensor, spans: list[Span]) -> list[tuple[f
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor) -> tuple[float, float]:
-    """One sequence: q [Hq, n, D], k/v [Hkv, n, D]. The fast op has three paths (prefill from 0,
-    a chunk with a cached past, one-token decode); each runs against the matching rows of the
+    """One sequence: q [Hq, n, D], k/v [Hkv, n, D]. The per-sequence op has three paths (prefill
+    from 0, a chunk with a cached past, one-token decode), and production runs several sequences
+    through the batched op (`masked_attention`); each runs against the matching rows of the
     reference (query i's causal result does not depend on how the prompt was chunked)."""
     n = q.shape[1]
     ref = ops.attention_ref(q, k, v, causal_offset=0)  # [Hq, n, D]
-    fast, expected = [], []
+    fast, expected = [_batched_attention(q, k, v)], [ref]
     for start in sorted({0, n // 2, n - 1}):  # causal offsets: prefill, chunk, decode
         fast.append(ops.attention(q[:, start:], k, v, causal_offset=start))
         expected.append(ref[:, start:])
     return deviation(torch.cat(fast, dim=1), torch.cat(expected, dim=1))
+
+
+def _batched_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """The sequence as the one row of a padded batch, laid out as runtime.models.paged_attention
+    lays out a prefill row: a kv head's query heads folded with the queries, a causal mask."""
+    num_heads, n, head_dim = q.shape
+    num_kv_heads = k.shape[0]
+    group = num_heads // num_kv_heads
+    rows = q.view(num_kv_heads, group, n, head_dim).transpose(1, 2)  # [Hkv, n, group, D]
+    rows = rows.reshape(1, num_kv_heads, n * group, head_dim)
+    positions = torch.arange(n, device=q.device)
+    allowed = positions[None, :] <= positions[:, None]  # [n queries, n keys]
+    mask = allowed[:, None, :].expand(n, group, n).reshape(1, 1, n * group, n)
+    out = ops.masked_attention(rows, k[None], v[None], mask)  # [1, Hkv, n * group, D]
+    return out.view(num_kv_heads, n, group, head_dim).transpose(1, 2).reshape(q.shape)
 
 
 @torch.inference_mode()
