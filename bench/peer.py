@@ -15,9 +15,13 @@ time(prefill + N) - time(prefill + 1), best of interleaved rounds.
 
 Each side runs in its own worker process, so the idle side's OpenMP threads never spin against
 the one being timed; the workers take turns, one command at a time. On a shared, loaded machine
-absolute tok/s mean little: read the ratios, measured in the same run.
+absolute tok/s mean little: read the ratios, measured in the same run. A fourth worker times only
+the step's weight GEMMs (torch.matmul on the same weights, batch 1): its rate is the ceiling of
+any step built on torch's GEMMs here, so `gemm_ceiling_ratio_vs_llama_cpp` < 1 says the target
+is out of reach of overhead work alone.
 Last line, one JSON object: {"threads_1": {"tokens_per_s", "eager_tokens_per_s",
-"llama_cpp_tokens_per_s", "ratio_vs_llama_cpp", "eager_ratio_vs_llama_cpp"}, ...,
+"llama_cpp_tokens_per_s", "ratio_vs_llama_cpp", "eager_ratio_vs_llama_cpp",
+"gemm_ceiling_tokens_per_s", "gemm_ceiling_ratio_vs_llama_cpp"}, ...,
 "ratio_vs_llama_cpp": {"1": .., "2": ..}, "first_tokens_agree": true, "clock": "wall"}.
 """
 
@@ -49,6 +53,10 @@ def _measure(workers: dict[str, Worker], threads: int, new_tokens: int, rounds: 
         "llama_cpp_tokens_per_s": round(rate["llama_cpp"], 1),
         "ratio_vs_llama_cpp": round(rate["fast"] / rate["llama_cpp"], 3),
         "eager_ratio_vs_llama_cpp": round(rate["eager"] / rate["llama_cpp"], 3),
+        # the weight GEMMs alone, measured in the same rounds: what the ratio could reach if
+        # everything else of the step cost nothing
+        "gemm_ceiling_tokens_per_s": round(rate["gemms"], 1),
+        "gemm_ceiling_ratio_vs_llama_cpp": round(rate["gemms"] / rate["llama_cpp"], 3),
     }
 
 

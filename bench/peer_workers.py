@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 PROMPT_TOKENS = 32
-SIDES = ("fast", "eager", "llama_cpp")
+# gemms: only the weight GEMMs of a batch-1 decode step, back to back (no attention, no norms,
+# no engine): the ceiling this runtime could reach with torch's GEMMs on this CPU
+SIDES = ("fast", "eager", "llama_cpp", "gemms")
 
 
 def llama_cpp_missing() -> str | None:
@@ -56,6 +58,32 @@ def _ours(model_dir: Path, compile_mode: str) -> Callable[[int, int], list[Any]]
         params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
         (result,) = generate(loaded, [prompt], params, compile=compile_mode)
         return result.token_ids
+
+    return run
+
+
+def _gemms(model_dir: Path) -> Callable[[int, int], list[Any]]:
+    import torch
+    import torch.nn.functional as F
+
+    from runtime.models.layers import Linear
+    from runtime.models.loader import load_model
+
+    model = load_model(model_dir, dtype="float32", device="cpu", load_tokenizer=False).model
+    weights = [m.weight_t for m in model.modules() if isinstance(m, Linear)]
+    head = None if any(w.shape[1] == model.args.vocab_size for w in weights) else model
+    x = torch.randn(1, model.args.hidden_size)
+    inputs = [torch.randn(1, w.shape[0]) for w in weights]  # [1, in] per GEMM, made once
+
+    @torch.inference_mode()
+    def run(threads: int, n: int) -> list[Any]:
+        torch.set_num_threads(threads)
+        for _ in range(n):
+            for a, w in zip(inputs, weights, strict=True):
+                torch.matmul(a, w)
+            if head is not None:  # tied embeddings: the logits GEMM reads the embedding matrix
+                F.linear(x, head.embed_tokens.weight)
+        return []
 
     return run
 
@@ -116,11 +144,12 @@ def _llama_cpp(model_dir: Path) -> Callable[[int, int], list[Any]]:
 
 def _serve(side: str, model_dir: str, clock_name: str, conn: Connection) -> None:
     path = Path(model_dir)
-    run = (
-        _llama_cpp(path)
-        if side == "llama_cpp"
-        else _ours(path, "off" if side == "eager" else "auto")
-    )
+    if side == "llama_cpp":
+        run = _llama_cpp(path)
+    elif side == "gemms":
+        run = _gemms(path)
+    else:
+        run = _ours(path, "off" if side == "eager" else "auto")
     clock = time.process_time if clock_name == "cpu" else time.perf_counter
 
     def timed(threads: int, n: int) -> float:
