@@ -43,6 +43,9 @@ class Entry:
     base_released: bool = False
     num_views_made: int = 0
     num_views_released: int = 0
+    # a small-tier miss: served outside the slab (on the entry itself, not by id(): a settled
+    # entry's id is reused by the next object, which then counted as direct whatever its tier)
+    is_direct_small: bool = False
 
     @property
     def block_reachable(self) -> bool:
@@ -81,7 +84,6 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.num_allocs = dict.fromkeys(TIERS, 0)
         self.num_releases = dict.fromkeys(TIERS, 0)
         self.num_leaks = dict.fromkeys(TIERS, 0)
-        self.direct_small: set[int] = set()  # ids of entries that were small-tier misses
 
     def _tier(self, name: str) -> TierStats:
         return next(t for t in self.alloc.stats().tiers if t.tier == name)
@@ -111,7 +113,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         e = Entry(block, block.tier, block.reserved_bytes, block.tensor.data_ptr(), value)
         assert e.tier == TINY.tier_of(numel * 4)
         if e.tier == "small" and self._tier("small").misses > misses_before:
-            self.direct_small.add(id(e))
+            e.is_direct_small = True
         self.num_allocs[e.tier] += 1
         self.entries.append(e)
 
@@ -220,7 +222,7 @@ class AllocatorMachine(RuleBasedStateMachine):
             assert s.hits + s.misses == self.num_allocs[name], name
             assert s.releases == self.num_releases[name], name
             assert s.leaks == self.num_leaks[name], name
-        direct = sum(e.reserved for e in self.entries if id(e) in self.direct_small)
+        direct = sum(e.reserved for e in self.entries if e.is_direct_small)
         small = stats["small"]
         assert small.bytes_in_use + small.bytes_cached == self.slab_bytes + direct
         assert stats["medium"].bytes_cached <= TINY.medium_cache_bytes
