@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import weakref
 
 import torch
 
@@ -31,13 +32,14 @@ class Pages:
             enable_prefix_caching=False,
         )
         self._ids = itertools.count()
-        self._fixed: set[int] = set()
+        # sequences given a fixed capacity (weak: an id() could be reused by a later sequence)
+        self._fixed: weakref.WeakSet[SequenceKV] = weakref.WeakSet()
 
     def new(self, capacity: int | None = None) -> SequenceKV:
         kv = self.cache.allocate(f"s{next(self._ids)}", [])
         if capacity is not None:
             assert self.cache.ensure(kv, capacity)
-            self._fixed.add(id(kv))
+            self._fixed.add(kv)
         return kv
 
     def step(self, chunks: list[tuple[SequenceKV, list[int]]]) -> list[torch.Tensor]:
@@ -45,7 +47,7 @@ class Pages:
         seqs: list[SeqSlice] = []
         ids: list[int] = []
         for kv, tokens in chunks:
-            if id(kv) not in self._fixed:
+            if kv not in self._fixed:
                 assert self.cache.ensure(kv, len(tokens))
             seqs.append(SeqSlice(len(ids), len(ids) + len(tokens), kv))
             ids += tokens
