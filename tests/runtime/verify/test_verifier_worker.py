@@ -173,6 +173,37 @@ def test_flush_times_out_while_the_worker_is_busy(fake: FakeReference) -> None:
     verifier.close()
 
 
+def test_flush_waits_out_a_timeout_under_one_second(fake: FakeReference) -> None:
+    """A short timeout is waited for, not refused up front. The job is released the moment
+    flush first waits, so only flush's own bookkeeping decides the outcome."""
+    verifier = Verifier(Sink(), sample_rate=1.0)
+    verifier.submit(job("r1"))
+    assert fake.entered.wait(30)
+    wait = verifier._lock.wait
+
+    def release_then_wait(timeout: float | None = None) -> bool:
+        fake.gate.set()
+        return wait(timeout)
+
+    verifier._lock.wait = release_then_wait  # type: ignore[method-assign]
+    try:
+        assert verifier.flush(timeout=0.99) is True
+    finally:
+        fake.gate.set()
+        verifier.close()
+
+
+def test_a_batch_cut_short_by_the_sentinel_is_still_returned() -> None:
+    """The worker may be collecting a batch while close() queues the sentinel: the jobs it
+    already took are verified, and the sentinel goes back for the loop to end on."""
+    verifier = Verifier(sample_rate=1.0, autostart=False)
+    for rid in ("r0", "r1"):
+        verifier._queue.put_nowait(job(rid))
+    verifier._queue.put_nowait(None)
+    assert [j.request_id for j in verifier._take()] == ["r0", "r1"]
+    assert verifier._take() == []  # the sentinel, put back
+
+
 def test_flush_without_a_worker_returns_false_at_once() -> None:
     verifier = Verifier(sample_rate=1.0, autostart=False)
     assert verifier.flush() is True  # nothing submitted
