@@ -88,6 +88,14 @@ MECHANISMS: tuple[Mechanism, ...] = (
             " truth is read",
             "runtime.verify.verifier.xǁVerifierǁflush__mutmut_16": "`left < 0` for `left <= 0`: differs"
             " only when the clock lands exactly on the deadline; the next round returns False anyway",
+            # the poll interval of flush's wait: the worker notifies on every batch, so these
+            # change only how late a deadline under 50 ms away, or a dead worker, is noticed
+            "runtime.verify.verifier.xǁVerifierǁflush__mutmut_22": "waits 0.05 s even when the"
+            " deadline is nearer: returns False up to 50 ms late, same outcome",
+            "runtime.verify.verifier.xǁVerifierǁflush__mutmut_23": "polls every 1.05 s without a"
+            " timeout: a dead worker is noticed up to 1 s later (timing only; notify wakes it)",
+            "runtime.verify.verifier.xǁVerifierǁflush__mutmut_29": "polls every 1.05 s with a"
+            " timeout: same as _23 (timing only)",
         },
     ),
     Mechanism(

@@ -193,6 +193,16 @@ def test_flush_waits_out_a_timeout_under_one_second(fake: FakeReference) -> None
         verifier.close()
 
 
+def test_flush_without_a_timeout_waits_until_done(fake: FakeReference) -> None:
+    verifier = Verifier(Sink(), sample_rate=1.0)
+    verifier.submit(job("r1"))
+    assert fake.entered.wait(30)
+    threading.Timer(0.05, fake.gate.set).start()
+    assert verifier.flush() is True  # no deadline: polls until the worker is done
+    assert verifier.num_done == 1
+    verifier.close()
+
+
 def test_a_batch_cut_short_by_the_sentinel_is_still_returned() -> None:
     """The worker may be collecting a batch while close() queues the sentinel: the jobs it
     already took are verified, and the sentinel goes back for the loop to end on."""
