@@ -96,6 +96,10 @@ MECHANISMS: tuple[Mechanism, ...] = (
             " timeout: a dead worker is noticed up to 1 s later (timing only; notify wakes it)",
             "runtime.verify.verifier.xǁVerifierǁflush__mutmut_29": "polls every 1.05 s with a"
             " timeout: same as _23 (timing only)",
+            "runtime.verify.verifier.xǁVerifierǁclose__mutmut_1": "the default close timeout 11 s"
+            " for 10 s: a bound on waiting, no test waits that long",
+            "runtime.verify.verifier.xǁVerifierǁclose__mutmut_6": "flush() on a worker that never"
+            " started answers what `queue.empty()` does: True with nothing submitted, False else",
         },
     ),
     Mechanism(

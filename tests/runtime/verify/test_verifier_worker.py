@@ -236,6 +236,17 @@ def test_close_drops_and_counts_what_the_worker_did_not_get_to(fake: FakeReferen
     assert not verifier._thread.is_alive()
 
 
+def test_close_finishes_what_is_queued_before_it_stops(fake: FakeReference) -> None:
+    verifier = Verifier(Sink(), sample_rate=1.0, max_batch=1)
+    for i in range(3):
+        verifier.submit(job(f"r{i}"))
+    assert fake.entered.wait(30)  # the worker holds r0; r1, r2 wait in the queue
+    threading.Timer(0.05, fake.gate.set).start()
+    assert verifier.close(timeout=30) is True  # waited for them, dropped nothing
+    assert verifier.num_dropped == 0
+    assert fake.batches == [["r0"], ["r1"], ["r2"]]
+
+
 def test_close_of_a_never_started_verifier_reports_whether_the_queue_was_empty() -> None:
     assert Verifier(sample_rate=1.0, autostart=False).close() is True
     verifier = Verifier(sample_rate=1.0, autostart=False)
