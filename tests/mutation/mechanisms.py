@@ -98,6 +98,8 @@ MECHANISMS: tuple[Mechanism, ...] = (
             " timeout: same as _23 (timing only)",
             "runtime.verify.verifier.xǁVerifierǁclose__mutmut_1": "the default close timeout 11 s"
             " for 10 s: a bound on waiting, no test waits that long",
+            "runtime.verify.verifier.xǁVerifierǁclose__mutmut_22": "joins the worker for at least 2 s"
+            " instead of 1 s: a bound on waiting for a worker that is ending anyway",
             "runtime.verify.verifier.xǁVerifierǁclose__mutmut_6": "flush() on a worker that never"
             " started answers what `queue.empty()` does: True with nothing submitted, False else",
         },

@@ -247,6 +247,14 @@ def test_close_finishes_what_is_queued_before_it_stops(fake: FakeReference) -> N
     assert fake.batches == [["r0"], ["r1"], ["r2"]]
 
 
+def test_drops_at_close_add_to_earlier_drops() -> None:
+    verifier = Verifier(sample_rate=1.0, queue_size=2, autostart=False)
+    assert [verifier.submit(job(f"r{i}")) for i in range(3)] == [True, True, False]
+    assert verifier.num_dropped == 1  # the full queue refused r2
+    assert verifier.close() is False
+    assert verifier.num_dropped == 3  # r0 and r1, never verified, on top
+
+
 def test_close_of_a_never_started_verifier_reports_whether_the_queue_was_empty() -> None:
     assert Verifier(sample_rate=1.0, autostart=False).close() is True
     verifier = Verifier(sample_rate=1.0, autostart=False)
