@@ -98,6 +98,10 @@ MECHANISMS: tuple[Mechanism, ...] = (
             " timeout: same as _23 (timing only)",
             "runtime.verify.verifier.xǁVerifierǁclose__mutmut_1": "the default close timeout 11 s"
             " for 10 s: a bound on waiting, no test waits that long",
+            "runtime.verify.verifier.xǁVerifierǁ__init____mutmut_3": "max_batch 33 for 32: a batch"
+            " bound no test reaches (batching itself is pinned with max_batch=3 and 1)",
+            "runtime.verify.verifier.xǁVerifierǁ__init____mutmut_26": "`_closed = None` for False:"
+            " only its truth is read",
             "runtime.verify.verifier.xǁVerifierǁclose__mutmut_22": "joins the worker for at least 2 s"
             " instead of 1 s: a bound on waiting for a worker that is ending anyway",
             "runtime.verify.verifier.xǁVerifierǁclose__mutmut_6": "flush() on a worker that never"

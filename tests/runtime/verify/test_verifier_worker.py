@@ -273,6 +273,15 @@ def test_from_settings() -> None:
     started.close()
 
 
+def test_defaults_are_the_settings_defaults_and_the_worker_never_blocks_exit() -> None:
+    verifier = Verifier(autostart=False)
+    settings = load_settings()
+    assert verifier.sample_rate == settings.verify_sample_rate
+    assert verifier._queue.maxsize == settings.verify_queue_size
+    # a daemon, named for thread dumps: a verifier nobody closed must not hold the process
+    assert verifier._thread.daemon and verifier._thread.name == "fastllm-verify"
+
+
 def test_sampling_by_request_id_follows_the_rate() -> None:
     ids = [f"chatcmpl-{i}" for i in range(4000)]
     half = [i for i in ids if is_sampled(i, 0.5)]
