@@ -153,6 +153,7 @@ class EngineCore:
                     batch = self.scheduler.schedule(limit)
                 except Exception as exc:  # a fault in the bookkeeping must not end the loop:
                     self._fail_live(exc)  # a dead loop would leave every request hanging
+                    self.lock.wait(self.config.idle_wait_s)  # a fault every round: no spin
                     continue
                 binds = self._limit_binds(limit)
                 if batch.is_empty:
