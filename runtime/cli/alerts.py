@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from alerts.errors import AlertRuleError
+from runtime.cli.export_out import out_options, write_or_check
 
 
 @click.group("alerts")
@@ -152,14 +153,7 @@ def run(
     required=True,
     help="prometheus-rule: a prometheus-operator PrometheusRule of alerts/rules/*.yml",
 )
-@click.option(
-    "--out",
-    "out_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="file to write (default: stdout)",
-)
-@click.option("--check", is_flag=True, help="exit 1 when --out differs from a fresh export")
+@out_options
 @click.pass_context
 def export(ctx: click.Context, fmt: str, out_path: Path | None, check: bool) -> None:
     """Export the rules for another runner (Kubernetes: deploy/k8s/base/prometheus-rule.yaml).
@@ -171,19 +165,4 @@ def export(ctx: click.Context, fmt: str, out_path: Path | None, check: bool) -> 
     """
     from alerts import export as exporter
 
-    if check:
-        if out_path is None:
-            raise click.UsageError("--check needs --out")
-        problems = exporter.check(out_path)
-        for problem in problems:
-            click.echo(problem, err=True)
-        if problems:
-            ctx.exit(1)
-        click.echo(f"{out_path} is up to date")
-        return
-    text = exporter.prometheus_rule()
-    if out_path is None:
-        click.echo(text, nl=False)
-    else:
-        out_path.write_text(text, encoding="utf-8")
-        click.echo(f"wrote {out_path}")
+    write_or_check(ctx, out_path, check, exporter.prometheus_rule, exporter.check)

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from dashboards.build import GENERATED_DIR, SOURCE_DIR
+from runtime.cli.export_out import out_options, write_or_check
 
 _out_option = click.option(
     "--out",
@@ -83,14 +84,7 @@ def queries_cmd(out_dir: Path) -> None:
     required=True,
     help='configmap: one Kubernetes ConfigMap per dashboard, labelled grafana_dashboard: "1"',
 )
-@click.option(
-    "--out",
-    "out_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="file to write (default: stdout)",
-)
-@click.option("--check", is_flag=True, help="exit 1 when --out differs from a fresh export")
+@out_options
 @click.option(
     "--json-dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -111,22 +105,10 @@ def export_cmd(
     from dashboards import configmaps
     from dashboards.build import DashboardBuildError
 
-    if check:
-        if out_path is None:
-            raise click.UsageError("--check needs --out")
-        problems = configmaps.check(out_path, json_dir)
-        for problem in problems:
-            click.echo(problem, err=True)
-        if problems:
-            ctx.exit(1)
-        click.echo(f"{out_path} is up to date")
-        return
-    try:
-        text = configmaps.configmaps(json_dir)
-    except DashboardBuildError as exc:
-        raise click.ClickException(str(exc)) from exc
-    if out_path is None:
-        click.echo(text, nl=False)
-    else:
-        out_path.write_text(text, encoding="utf-8")
-        click.echo(f"wrote {out_path}")
+    def render() -> str:
+        try:
+            return configmaps.configmaps(json_dir)
+        except DashboardBuildError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+    write_or_check(ctx, out_path, check, render, lambda path: configmaps.check(path, json_dir))
