@@ -103,6 +103,12 @@ _PROM_SUCCESS = {
     "required": ["status", "data"],
     "properties": {"status": {"type": "string", "enum": ["success"]}, "data": {"type": "object"}},
 }
+
+
+def _prom_error(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": _PROM_ERROR}}}
+
+
 _VIEWER_ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorResponse, "description": "API keys are configured: missing or invalid key"}
 }
@@ -111,18 +117,9 @@ _PROM_RESPONSES: dict[int | str, dict[str, Any]] = {
         "description": "Prometheus API result",
         "content": {"application/json": {"schema": _PROM_SUCCESS}},
     },
-    400: {
-        "description": "bad_data: bad parameters, or PromQL outside the embedded subset",
-        "content": {"application/json": {"schema": _PROM_ERROR}},
-    },
-    422: {
-        "description": "execution: the expression failed on the data",
-        "content": {"application/json": {"schema": _PROM_ERROR}},
-    },
-    503: {
-        "description": "unavailable: the embedded evaluator is off",
-        "content": {"application/json": {"schema": _PROM_ERROR}},
-    },
+    400: _prom_error("bad_data: bad parameters, or PromQL outside the embedded subset"),
+    422: _prom_error("execution: the expression failed on the data"),
+    503: _prom_error("unavailable: the embedded evaluator is off"),
     **_VIEWER_ERRORS,
 }
 
