@@ -205,11 +205,18 @@ def test_every_panel_draws_and_the_leak_turns_the_alert_pending_then_firing(
 
     wait_for(alert_state, f"{ALERT} firing on the page", timeout_s=90)
     assert "pending" in seen and seen.index("pending") < seen.index("firing"), seen
-    # the page's change list (newest first, the last few) has the firing, after the pending
-    changes = driver.execute_script(
-        f"return [...document.querySelectorAll('ul.changes li[data-alert=\"{ALERT}\"]')]"
-        ".map(e => [e.dataset.state, Number(e.dataset.ts), e.textContent])"
-    )
+
+    # the page's change list (newest first, the last few) has the firing, after the pending;
+    # waited for: the alert list above may show another type's firing a refresh before it
+    def allocator_changes() -> list[Any] | None:
+        changes = driver.execute_script(
+            f"return [...document.querySelectorAll('ul.changes li[data-alert=\"{ALERT}\"]')]"
+            ".map(e => [e.dataset.state, Number(e.dataset.ts), e.textContent])"
+        )
+        drawn = [c for c in changes if "type=allocator" in c[2]]
+        return changes if any(c[0] == "firing" for c in drawn) else None
+
+    changes = wait_for(allocator_changes, "the allocator's firing in the change list", 30)
     mine = [(state, ts) for state, ts, text in changes if "type=allocator" in text]
     fired = [ts for state, ts in mine if state == "firing"]
     pending = [ts for state, ts in mine if state == "pending"]
