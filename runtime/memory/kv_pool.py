@@ -53,7 +53,6 @@ class PagePool:
         assert data.dim() == 6 and data.shape[1] == 2, "want [layers, 2, heads, pages, block, dim]"
         self.data = data
         self.num_pages = int(data.shape[3])  # including the zero page
-        self.block_size = int(data.shape[4])
         self.refcounts = [0] * self.num_pages
         self._free = list(range(1, self.num_pages))  # sorted: already a heap
         self._lru: OrderedDict[int, None] = OrderedDict()  # cached pages, oldest first

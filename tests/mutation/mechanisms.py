@@ -34,9 +34,15 @@ MECHANISMS: tuple[Mechanism, ...] = (
             "runtime/memory/allocator.py",
             "runtime/memory/block.py",
             "runtime/memory/tiers.py",
-            "runtime/memory/kv_cache.py",
         ),
-        tests=("tests/runtime/memory", "tests/runtime/memory/test_kv_cache.py"),
+        tests=("tests/runtime/memory",),
+    ),
+    # the paged KV cache on top of the allocator: pages, refcounts, the prefix index, preemption's
+    # "no room" answer (a run of its own so each fits in a session on a 2-core machine)
+    Mechanism(
+        "kv",
+        files=("runtime/memory/kv_pool.py", "runtime/memory/kv_cache.py"),
+        tests=("tests/runtime/memory",),
     ),
     Mechanism(
         "batcher",

@@ -2,6 +2,7 @@
 
     python -m tests.mutation.run                 # every mechanism
     python -m tests.mutation.run batcher writer  # some
+    python -m tests.mutation.run --again writer  # only the functions a survivor was found in
     MUTATE_CHILDREN=2 python -m tests.mutation.run alerts
 
 Each mechanism gets a work directory build/mutation/<name>/ holding links to the packages and
@@ -11,6 +12,12 @@ there with one worker by default (these machines are shared). Afterwards it prin
 mechanism, generated / killed / survived (equivalent or not) / other, writes the diffs of the
 survivors to build/mutation/<name>/survivors.txt, and exits 1 when a mechanism kills fewer than
 90% of its mutants or a survivor is not listed as equivalent.
+
+`--again` is for the loop of reading survivors and adding tests: it re-tests the mutants the last
+run did not kill (survived, no tests, timed out) and every mutant of a function that has one never
+run (an edit renumbered its mutants), and keeps the other verdicts. A killed mutant stays killed
+when tests are only added, so the summary then stands for the whole mechanism; after a test was
+weakened or removed, or the mutated code changed much, run without `--again`.
 """
 
 from __future__ import annotations
@@ -109,14 +116,41 @@ def module_glob(path: str) -> str:
     return path.removesuffix(".py").replace("/", ".") + ".*"
 
 
-def run_mutmut(mechanism: Mechanism, work: Path, children: int) -> None:
+def function_glob(mutant: str) -> str:
+    return mutant.rsplit("__mutmut_", 1)[0] + "__mutmut_*"
+
+
+def unsettled(statuses: dict[str, int | None]) -> list[str]:
+    """What `--again` re-tests: each mutant the last run did not kill (timeouts included: on a
+    loaded machine a slow healthy run can be cut off), and every mutant of a function with one
+    never run (an edit renumbered its mutants, so the old verdicts name other changes)."""
+    fresh = {function_glob(k) for k, v in statuses.items() if v is None}
+    named = {k for k, v in statuses.items() if v is not None and v not in KILLED}
+    return sorted(fresh | {k for k in named if function_glob(k) not in fresh})
+
+
+def run_mutmut(mechanism: Mechanism, work: Path, children: int, again: bool = False) -> None:
     command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(children)]
     # naming the mutants makes mutmut test every one again (else it keeps earlier verdicts of
     # unchanged functions, which a test change can invalidate)
-    command += list(mechanism.only or [module_glob(path) for path in mechanism.files])
+    if not again:
+        call_mutmut(command + list(mechanism.only or map(module_glob, mechanism.files)), work)
+        return
+    done: set[str] = set()
+    # a second pass catches functions an edit renumbered: mutmut resets their verdicts (None)
+    # only when it regenerates the mutants, at the start of the first pass
+    for _ in range(2):
+        names = [n for n in unsettled(read_statuses(mechanism, work)) if n not in done]
+        if not names:
+            break
+        call_mutmut(command + names, work)
+        done.update(names)
+
+
+def call_mutmut(command: list[str], work: Path) -> None:
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     log = work / "mutmut.log"
-    print(f"== {mechanism.name}: {' '.join(command[1:])}  (in {work}, output in {log})", flush=True)
+    print(f"== {work.name}: {' '.join(command[1:])}  (in {work}, output in {log})", flush=True)
     with log.open("w") as out:  # mutmut's progress spinner: thousands of lines
         subprocess.run(command, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT)
 
@@ -161,12 +195,14 @@ def summary_line(o: Outcome) -> str:
 
 
 def main(argv: list[str]) -> int:
-    chosen = [by_name(n) for n in argv] if argv else list(MECHANISMS)
+    again = "--again" in argv
+    names = [a for a in argv if a != "--again"]
+    chosen = [by_name(n) for n in names] if names else list(MECHANISMS)
     children = int(os.environ.get("MUTATE_CHILDREN", "1"))
     outcomes = []
     for mechanism in chosen:
         work = prepare(mechanism)
-        run_mutmut(mechanism, work, children)
+        run_mutmut(mechanism, work, children, again=again)
         outcome = Outcome(mechanism, read_statuses(mechanism, work))
         print(f"   survivors: {write_survivors(outcome, work)}", flush=True)
         outcomes.append(outcome)

@@ -38,3 +38,23 @@ def test_the_generated_mutmut_section_parses() -> None:
 def test_unknown_mechanism_is_an_error() -> None:
     with pytest.raises(KeyError, match="known: allocator"):
         by_name("nope")
+
+
+def test_again_retests_what_was_not_killed_and_renumbered_functions() -> None:
+    from tests.mutation.run import unsettled
+
+    statuses = {
+        "m.x_f__mutmut_1": 1,  # killed: kept
+        "m.x_f__mutmut_2": 0,  # survived
+        "m.xǁCǁh__mutmut_10": 36,  # timed out: looked at again
+        "m.x_k__mutmut_1": 33,  # no tests
+        "m.x_n__mutmut_1": None,  # never run: an edit renumbered n, all of it again
+        "m.x_n__mutmut_2": 0,
+        "m.x_n__mutmut_3": 1,
+    }
+    assert unsettled(statuses) == [
+        "m.x_f__mutmut_2",
+        "m.x_k__mutmut_1",
+        "m.x_n__mutmut_*",
+        "m.xǁCǁh__mutmut_10",
+    ]

@@ -8,7 +8,7 @@ import torch
 
 from runtime.errors import ConfigError
 from runtime.memory import Allocator
-from runtime.memory.kv_cache import KVCache
+from runtime.memory.kv_cache import KVCache, SequenceKV
 
 LAYERS, HEADS, HEAD_DIM, BLOCK = 2, 2, 8, 4
 BYTES_PER_PAGE = LAYERS * 2 * HEADS * HEAD_DIM * 4 * BLOCK  # float32: 1 KiB
@@ -178,3 +178,110 @@ def test_on_cpu_cached_pages_are_reused_before_memory_never_written() -> None:
     assert sorted(b.page_ids) == [1, 2, 3] and cache.stats().num_cached_pages == 0
     assert cache.ensure(b, 16)  # a 4th page: nothing cached is left, so a new one is touched
     assert b.page_ids[-1] == 4
+
+
+def test_a_closed_cache_still_reports_and_its_stale_kvs_look_freed() -> None:
+    """Until close() has released the block, the allocator's leak report can still call the
+    cache's report (a scrape racing the engine's shutdown): the emptied pool keeps its rank, which
+    the report unpacks. A stale block table looks like a freed one."""
+    cache = make_cache()
+    fill(cache, "live", [1, 2, 3, 4, 5])
+    fill(cache, "gone", [6, 7])
+    kv = cache.get("live")
+    assert kv is not None
+    cache.free("gone")
+    freed_shape = (0,) * 6
+    cache.close()
+    assert kv.page_ids == [] and kv.capacity == 0 and kv.data.shape == freed_shape
+    assert cache.pool.data.shape == freed_shape
+    assert cache.num_sequences == 0 and "live" not in cache
+    assert isinstance(cache.report(), list)  # no exception
+    assert cache.stats().num_pages == 16
+
+
+def test_membership_capacity_and_available_pages() -> None:
+    cache = make_cache(num_pages=4)  # 16 tokens
+    assert cache.can_fit(0) and cache.can_fit(16) and not cache.can_fit(17)
+    assert "a" not in cache and cache.get("a") is None
+    fill(cache, "a", [1, 2, 3, 4, 5])  # page 1 keyed, page 2 partial
+    assert "a" in cache and "b" not in cache and cache.num_sequences == 1
+    assert cache.num_available_pages() == 2  # free, none cached yet
+    cache.free("a")  # page 1 cached, page 2 free
+    assert "a" not in cache
+    stats = cache.stats()
+    assert (stats.num_free_pages, stats.num_cached_pages) == (3, 1)
+    assert cache.num_available_pages() == 4  # a cached page can be evicted: it counts
+
+
+def test_pool_listings_name_the_cached_free_and_keyed_pages() -> None:
+    cache = make_cache(num_pages=6)
+    fill(cache, "a", [1, 2, 3, 4, 5])
+    fill(cache, "b", [9, 9, 9, 9, 5])
+    a, b = cache.get("a"), cache.get("b")
+    assert a is not None and b is not None
+    a_head, b_head = a.page_ids[0], b.page_ids[0]
+    assert cache.pool.key_of(a_head) == a.keys[0] and cache.pool.is_keyed(a_head)
+    assert cache.pool.key_of(a.page_ids[1]) is None  # partial: never keyed
+    cache.free("b")
+    cache.free("a")
+    assert cache.pool.cached_pages() == [b_head, a_head]  # LRU order: oldest first
+    held = {a_head, b_head}
+    assert cache.pool.free_pages() == sorted(set(range(1, 7)) - held)
+
+
+def test_stats_carry_every_count_of_the_pool_and_the_prefix_queries() -> None:
+    cache = make_cache(num_pages=5)
+    fill(cache, "a", [1, 2, 3, 4, 5])  # 2 pages used
+    cache.count_prefix_query(10, 4)
+    cache.count_prefix_query(6, 0)
+    stats = cache.stats()
+    assert stats.block_size == BLOCK and stats.num_pages == 5
+    assert (stats.num_used_pages, stats.num_cached_pages, stats.num_free_pages) == (2, 0, 3)
+    assert (stats.prefix_query_tokens, stats.prefix_hit_tokens) == (16, 4)
+    assert stats.pool_id == cache.pool_id and stats.pool_id.startswith("kv-cache#")
+
+
+def test_a_scratch_pool_holds_its_capacity_behind_a_zero_page() -> None:
+    """SequenceKV.empty: the pool of warm-up, `fastllm doctor` and the tests outside any cache."""
+    kv = SequenceKV.empty(2, 3, 4, capacity=10, dtype=torch.float16, device="meta", block_size=4)
+    # [layers, 2, kv_heads, pages (+ the zero page), block_size, head_dim]
+    assert kv.data.shape == (2, 2, 3, 4, 4, 4)
+    assert kv.data.dtype == torch.float16 and kv.data.device.type == "meta"
+    assert kv.page_ids == [1, 2, 3] and kv.capacity == 12 and kv.num_tokens == 0
+    default = SequenceKV.empty(1, 1, 2, capacity=17)  # 16-token pages on the CPU by default
+    assert default.data.shape == (1, 2, 1, 3, 16, 2) and default.page_ids == [1, 2]
+    assert default.data.device.type == "cpu" and default.block_size == 16
+    assert torch.count_nonzero(default.data) == 0
+    exact = SequenceKV.empty(1, 1, 2, capacity=16)
+    assert exact.page_ids == [1] and exact.capacity == 16
+
+
+def test_a_freed_table_is_empty_and_overflow_names_the_capacity() -> None:
+    cache = make_cache()
+    fill(cache, "s", [1, 2, 3, 4, 5])
+    kv = cache.get("s")
+    assert kv is not None
+    with pytest.raises(ValueError, match=r"KV overflow: 5 \+ 4 > capacity 8"):
+        kv.advance(4)
+    cache.free("s")
+    # nothing of the pool stays reachable from a stale table: no pages, no tokens, no memory
+    assert (kv.page_ids, kv.keys, kv.num_tokens, kv.scratch) == ([], [], 0, None)
+    assert kv.data.shape == (0,) * 6
+
+
+def test_keying_again_after_more_tokens_keys_only_the_new_full_pages() -> None:
+    """The engine keys full pages after every forward: each page gets exactly one key."""
+    cache = make_cache()
+    tokens = list(range(1, 14))  # 13 tokens: 3 full pages of 4 and one more token
+    kv = cache.allocate("s", tokens[:6])
+    assert cache.ensure(kv, 6)
+    kv.advance(6)
+    cache.cache_full_pages(kv, lambda a, b: tokens[a:b])
+    assert len(kv.keys) == 1
+    cache.cache_full_pages(kv, lambda a, b: tokens[a:b])  # nothing new filled: nothing new keyed
+    assert len(kv.keys) == 1
+    assert cache.ensure(kv, 7)
+    kv.advance(7)
+    cache.cache_full_pages(kv, lambda a, b: tokens[a:b])
+    assert len(kv.keys) == 3
+    assert [cache.pool.key_of(p) for p in kv.page_ids[:3]] == kv.keys
