@@ -101,9 +101,14 @@ class KVCache:
         self.enable_prefix_caching, self.model_version = enable_prefix_caching, model_version
         self.bytes_per_token = num_layers * 2 * num_kv_heads * head_dim * dtype.itemsize
         self.bytes_per_page = block_size * self.bytes_per_token
+        if block_size < 1:  # before the division below (settings check it too: ge=1)
+            raise ConfigError(
+                f"kv_block_size={block_size}: a page holds at least one token",
+                param="kv_block_size",
+            )
         # the zero page included; max_bytes 0: the smallest pool (an engine that never generates)
         num_pages = max_bytes // self.bytes_per_page if max_bytes else 2
-        if block_size < 1 or num_pages < 2:
+        if num_pages < 2:
             raise ConfigError(
                 f"kv_cache_bytes={max_bytes} holds no page of {block_size} tokens "
                 f"({self.bytes_per_page} bytes each, one of them the zero page)",

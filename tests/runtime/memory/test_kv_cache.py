@@ -285,3 +285,81 @@ def test_keying_again_after_more_tokens_keys_only_the_new_full_pages() -> None:
     cache.cache_full_pages(kv, lambda a, b: tokens[a:b])
     assert len(kv.keys) == 3
     assert [cache.pool.key_of(p) for p in kv.page_ids[:3]] == kv.keys
+
+
+def test_defaults_the_smallest_pools_and_the_error_for_too_small_a_budget() -> None:
+    def cache(max_bytes: int, block_size: int = BLOCK) -> KVCache:
+        return KVCache(
+            num_layers=LAYERS,
+            num_kv_heads=HEADS,
+            head_dim=HEAD_DIM,
+            dtype=torch.float32,
+            device="cpu",
+            allocator=Allocator(),
+            max_bytes=max_bytes,
+            block_size=block_size,
+        )
+
+    plain = KVCache(
+        num_layers=1,
+        num_kv_heads=1,
+        head_dim=2,
+        dtype=torch.float32,
+        device="cpu",
+        allocator=Allocator(),
+        max_bytes=1 << 16,
+    )
+    assert plain.block_size == 16 and plain.enable_prefix_caching and plain.model_version == ""
+    assert cache(0).num_pages == 1  # an engine that never generates: the zero page + one
+    assert cache(2 * BYTES_PER_PAGE).num_pages == 1  # two pages, one of them the zero page
+    assert cache(2 * BYTES_PER_PAGE // BLOCK, block_size=1).num_pages == 1  # 1-token pages
+    with pytest.raises(ConfigError, match=r"holds no page of 4 tokens \(1024 bytes each"):
+        cache(BYTES_PER_PAGE)
+    with pytest.raises(ConfigError, match="kv_block_size=0: a page holds at least one token"):
+        cache(4 * BYTES_PER_PAGE, block_size=0)
+
+
+def test_pages_for_is_a_whole_number_of_pages() -> None:
+    cache = make_cache()
+    assert [cache.pages_for(n) for n in (0, 1, 4, 5, 8, 9)] == [0, 1, 1, 2, 2, 3]
+    assert all(type(cache.pages_for(n)) is int for n in range(10))
+
+
+def test_every_table_shares_the_caches_gather_buffer_of_the_pool_dtype() -> None:
+    cache = KVCache(
+        num_layers=LAYERS,
+        num_kv_heads=HEADS,
+        head_dim=HEAD_DIM,
+        dtype=torch.float16,
+        device="cpu",
+        allocator=Allocator(),
+        max_bytes=8 * BYTES_PER_PAGE,
+        block_size=BLOCK,
+        enable_prefix_caching=False,
+    )
+    kv = cache.allocate("s", [1, 2, 3])
+    assert kv.scratch is cache.scratch and kv.seq_id == "s"
+    assert kv.num_cached_tokens == 0 and kv.num_tokens == 0  # caching off: nothing looked up
+    buffer = cache.scratch.take(8)
+    assert buffer.dtype == torch.float16 and buffer.device == torch.device("cpu")
+    with pytest.raises(ValueError, match="sequence 's' already has KV"):
+        cache.allocate("s", [])
+    assert SequenceKV(kv.data).seq_id == ""
+
+
+def test_each_cache_has_its_own_pool_id_and_reports_its_tier() -> None:
+    a, b = make_cache(), make_cache()
+    assert a.pool_id != b.pool_id
+    assert {row.tier for row in a.report()} == {"small"}
+    big = KVCache(  # 2 MiB of pages: the allocator's medium tier
+        num_layers=LAYERS,
+        num_kv_heads=HEADS,
+        head_dim=HEAD_DIM,
+        dtype=torch.float32,
+        device="cpu",
+        allocator=Allocator(),
+        max_bytes=2048 * BYTES_PER_PAGE,
+        block_size=BLOCK,
+    )
+    assert {row.tier for row in big.report()} == {"medium"}
+    big.close()

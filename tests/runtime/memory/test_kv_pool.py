@@ -46,7 +46,7 @@ def test_releasing_more_often_than_held_is_an_error_naming_the_page() -> None:
 
 
 def test_the_pool_wants_the_kv_layout() -> None:
-    with pytest.raises(AssertionError, match=r"want \[layers, 2, heads, pages, block, dim\]"):
+    with pytest.raises(AssertionError, match=r"^want \[layers, 2, heads, pages, block, dim\]$"):
         PagePool(torch.zeros(1, 3, 1, 4, 2, 2))  # not K and V
     with pytest.raises(AssertionError, match="want"):
         PagePool(torch.zeros(2, 1, 4, 2, 2))
