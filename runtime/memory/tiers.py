@@ -192,7 +192,10 @@ def is_quiet(slot: Slot) -> bool:
         if _getrefcount(t) != 3:  # slot.tensor, t, the argument
             return False
         t.detach_()  # no autograd history, requires_grad False
-        t.set_(ref)  # type: ignore[call-overload]  # the twin's storage, offset, sizes, strides
+        try:
+            t.set_(ref)  # type: ignore[call-overload]  # the twin's storage, offset, sizes, strides
+        except RuntimeError:  # `.data = x` changed the dtype too, which set_ cannot undo
+            t.data = ref
         if not t.is_set_to(ref):
             return False
     storage, cdata = slot.storage, slot.cdata

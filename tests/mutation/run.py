@@ -40,6 +40,10 @@ WORK = ROOT / "build" / "mutation"
 # killed, and shown apart
 NOT_MUTATED = (r"\blog\.(debug|info|warning|error|exception)\(",)
 KILLED, TIMEOUT, SURVIVED = {1, 3}, {36, -24, 24, 152, 255}, {0}
+# a mutant that crashes the test process (SIGABRT, SIGSEGV: a pointer off the slab, say) was
+# noticed by it: counted as killed, and shown apart like the timeouts
+CRASHED = {-6, -11, 134, 139}
+STOPPED = TIMEOUT | CRASHED
 
 
 @dataclass(frozen=True)
@@ -49,11 +53,15 @@ class Outcome:
 
     @property
     def killed(self) -> list[str]:
-        return sorted(k for k, v in self.statuses.items() if v in KILLED | TIMEOUT)
+        return sorted(k for k, v in self.statuses.items() if v in KILLED | STOPPED)
 
     @property
     def timed_out(self) -> list[str]:
         return sorted(k for k, v in self.statuses.items() if v in TIMEOUT)
+
+    @property
+    def crashed(self) -> list[str]:
+        return sorted(k for k, v in self.statuses.items() if v in CRASHED)
 
     @property
     def survived(self) -> list[str]:
@@ -62,7 +70,7 @@ class Outcome:
     @property
     def other(self) -> Counter[int | None]:
         """Timeouts, 'no tests' and the like: neither killed nor a plain survivor."""
-        return Counter(v for v in self.statuses.values() if v not in KILLED | TIMEOUT | SURVIVED)
+        return Counter(v for v in self.statuses.values() if v not in KILLED | STOPPED | SURVIVED)
 
     @property
     def killed_ratio(self) -> float:
@@ -188,7 +196,8 @@ def summary_line(o: Outcome) -> str:
     other = ", ".join(f"{n} exit {code}" for code, n in sorted(o.other.items(), key=str)) or "0"
     return (
         f"{o.mechanism.name:<13} generated {len(o.statuses):>4}  killed {len(o.killed):>4} "
-        f"(of which timeouts {len(o.timed_out)})  survived {len(o.survived):>3} "
+        f"(of which timeouts {len(o.timed_out)}, crashes {len(o.crashed)})  "
+        f"survived {len(o.survived):>3} "
         f"(equivalent {num_equivalent}, not {len(o.unexplained)})  other outcomes {other}  "
         f"killed {o.killed_ratio:.1%}"
     )

@@ -315,8 +315,9 @@ def test_defaults_the_smallest_pools_and_the_error_for_too_small_a_budget() -> N
     assert cache(2 * BYTES_PER_PAGE // BLOCK, block_size=1).num_pages == 1  # 1-token pages
     with pytest.raises(ConfigError, match=r"holds no page of 4 tokens \(1024 bytes each"):
         cache(BYTES_PER_PAGE)
-    with pytest.raises(ConfigError, match="kv_block_size=0: a page holds at least one token"):
+    with pytest.raises(ConfigError, match="kv_block_size=0: a page holds at least one token") as e:
         cache(4 * BYTES_PER_PAGE, block_size=0)
+    assert e.value.param == "kv_block_size"
 
 
 def test_pages_for_is_a_whole_number_of_pages() -> None:
@@ -340,7 +341,8 @@ def test_every_table_shares_the_caches_gather_buffer_of_the_pool_dtype() -> None
     kv = cache.allocate("s", [1, 2, 3])
     assert kv.scratch is cache.scratch and kv.seq_id == "s"
     assert kv.num_cached_tokens == 0 and kv.num_tokens == 0  # caching off: nothing looked up
-    buffer = cache.scratch.take(8)
+    with torch.device("meta"):  # another default device: the buffer stays on the pool's
+        buffer = cache.scratch.take(8)
     assert buffer.dtype == torch.float16 and buffer.device == torch.device("cpu")
     with pytest.raises(ValueError, match="sequence 's' already has KV"):
         cache.allocate("s", [])
