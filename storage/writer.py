@@ -193,8 +193,8 @@ class InferenceLogWriter:
         """Stop accepting, write what is queued (retrying until `timeout`), spill the rest; logs
         what became of the rows. True when everything accepted was written."""
         with self._lock:
-            if self._closed:
-                return self.num_settled >= self.num_accepted and self.num_dropped == 0
+            if self._closed:  # the same answer as the first close gave
+                return self._all_written()
             self._closed = True
         self._drainer.begin_close(time.monotonic() + timeout)
         if self._thread.is_alive():
@@ -208,11 +208,15 @@ class InferenceLogWriter:
             self._drainer.drop_all()
         self._log_summary()
         with self._lock:
-            return (
-                self.num_settled >= self.num_accepted
-                and self.num_dropped == 0
-                and self.num_spilled == 0
-            )
+            return self._all_written()
+
+    def _all_written(self) -> bool:
+        """Under the lock: every accepted row settled, none dropped and none left to the spool."""
+        return (
+            self.num_settled >= self.num_accepted
+            and self.num_dropped == 0
+            and self.num_spilled == 0
+        )
 
     def _log_summary(self) -> None:
         with self._lock:
