@@ -69,6 +69,9 @@ MECHANISMS: tuple[Mechanism, ...] = (
             "runtime.memory.tiers.x_fit__mutmut_12": "as _11",
             "runtime.memory.tiers.x_drop_memory__mutmut_1": "'' for None still drops the references; a dropped slot is never used again",
             "runtime.memory.tiers.x_drop_memory__mutmut_2": "as _1",
+            "runtime.memory.tiers.x_is_quiet__mutmut_18": "a defensive check: after t.set_(ref), or"
+            " t.data = ref when the dtype changed, t.is_set_to(ref) always holds (set_ raises"
+            " otherwise), so `return True` for `return False` there is never reached",
         },
     ),
     # the paged KV cache on top of the allocator: pages, refcounts, the prefix index, preemption's
