@@ -90,7 +90,11 @@ def test_streams_pass_through_chunk_by_chunk(cluster: tuple[HAProxy, list[Replic
     ) as response:
         events = [line for line in response.iter_lines() if line.startswith("data: ")]
     assert response.status_code == 200 and events[-1] == "data: [DONE]"
-    assert len(events) > 10, events  # one SSE event per token or few, not one blob
+    # a stream, not one blob: text, the finishing chunk, [DONE]. How many tokens share an event
+    # depends on speed (the server writes whatever is ready at each wake-up: 24 tokens came as
+    # 5 to 15 events here), so no more is asked of the count; that the proxy does not buffer
+    # is what the cancelled stream below shows
+    assert len(events) >= 3, events
     # A client that leaves after the first chunk cancels its request: had the proxy buffered the
     # response, the first chunk would come after the generation had already run to max_tokens.
     live = _running(replicas)
@@ -122,7 +126,9 @@ def test_sigterm_under_load_fails_no_request(cluster: tuple[HAProxy, list[Replic
         load.wait_completed(3, since=exited)
     failed = [o.detail for o in load.outcomes if not o.ok]
     assert failed == [], f"{len(failed)} of {len(load.outcomes)} failed: {failed[:5]}"
-    assert "leaving: /ready answers 503" in leaving.log()
+    # the whole log: the requests served in the unready window can push this line out of log()'s
+    # tail (the more, the faster the machine)
+    assert "leaving: /ready answers 503" in leaving.log_path.read_text(errors="replace")
     # the others took the rest: every request after the exit is on a replica still running
     later = sum(_successes(staying).values()) - sum(after.values())
     deadline = time.monotonic() + 20
