@@ -3,6 +3,8 @@ reuse with refcounts, LRU eviction, the leak report's page rows, safe free and c
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -15,18 +17,26 @@ BYTES_PER_PAGE = LAYERS * 2 * HEADS * HEAD_DIM * 4 * BLOCK  # float32: 1 KiB
 
 
 def make_cache(num_pages: int = 16, prefix: bool = True, version: str = "v1") -> KVCache:
-    return KVCache(
-        num_layers=LAYERS,
-        num_kv_heads=HEADS,
-        head_dim=HEAD_DIM,
-        dtype=torch.float32,
-        device="cpu",
-        allocator=Allocator(),
+    return new_cache(
         max_bytes=(num_pages + 1) * BYTES_PER_PAGE + 100,  # + the zero page, + a remainder
-        block_size=BLOCK,
         enable_prefix_caching=prefix,
         model_version=version,
     )
+
+
+def new_cache(max_bytes: int, **overrides: Any) -> KVCache:
+    """A cache of this file's shape on its own allocator; `overrides` replace any argument."""
+    args: dict[str, Any] = {
+        "num_layers": LAYERS,
+        "num_kv_heads": HEADS,
+        "head_dim": HEAD_DIM,
+        "dtype": torch.float32,
+        "device": "cpu",
+        "allocator": Allocator(),
+        "max_bytes": max_bytes,
+        "block_size": BLOCK,
+    }
+    return KVCache(**{**args, **overrides})
 
 
 def fill(cache: KVCache, seq_id: str, tokens: list[int]) -> None:
@@ -288,19 +298,7 @@ def test_keying_again_after_more_tokens_keys_only_the_new_full_pages() -> None:
 
 
 def test_defaults_the_smallest_pools_and_the_error_for_too_small_a_budget() -> None:
-    def cache(max_bytes: int, block_size: int = BLOCK) -> KVCache:
-        return KVCache(
-            num_layers=LAYERS,
-            num_kv_heads=HEADS,
-            head_dim=HEAD_DIM,
-            dtype=torch.float32,
-            device="cpu",
-            allocator=Allocator(),
-            max_bytes=max_bytes,
-            block_size=block_size,
-        )
-
-    plain = KVCache(
+    plain = KVCache(  # the defaults: no block_size, caching flag or model version given
         num_layers=1,
         num_kv_heads=1,
         head_dim=2,
@@ -310,13 +308,13 @@ def test_defaults_the_smallest_pools_and_the_error_for_too_small_a_budget() -> N
         max_bytes=1 << 16,
     )
     assert plain.block_size == 16 and plain.enable_prefix_caching and plain.model_version == ""
-    assert cache(0).num_pages == 1  # an engine that never generates: the zero page + one
-    assert cache(2 * BYTES_PER_PAGE).num_pages == 1  # two pages, one of them the zero page
-    assert cache(2 * BYTES_PER_PAGE // BLOCK, block_size=1).num_pages == 1  # 1-token pages
+    assert new_cache(0).num_pages == 1  # an engine that never generates: the zero page + one
+    assert new_cache(2 * BYTES_PER_PAGE).num_pages == 1  # two pages, one of them the zero page
+    assert new_cache(2 * BYTES_PER_PAGE // BLOCK, block_size=1).num_pages == 1  # 1-token pages
     with pytest.raises(ConfigError, match=r"holds no page of 4 tokens \(1024 bytes each"):
-        cache(BYTES_PER_PAGE)
+        new_cache(BYTES_PER_PAGE)
     with pytest.raises(ConfigError, match="kv_block_size=0: a page holds at least one token") as e:
-        cache(4 * BYTES_PER_PAGE, block_size=0)
+        new_cache(4 * BYTES_PER_PAGE, block_size=0)
     assert e.value.param == "kv_block_size"
 
 
@@ -327,17 +325,7 @@ def test_pages_for_is_a_whole_number_of_pages() -> None:
 
 
 def test_every_table_shares_the_caches_gather_buffer_of_the_pool_dtype() -> None:
-    cache = KVCache(
-        num_layers=LAYERS,
-        num_kv_heads=HEADS,
-        head_dim=HEAD_DIM,
-        dtype=torch.float16,
-        device="cpu",
-        allocator=Allocator(),
-        max_bytes=8 * BYTES_PER_PAGE,
-        block_size=BLOCK,
-        enable_prefix_caching=False,
-    )
+    cache = new_cache(8 * BYTES_PER_PAGE, dtype=torch.float16, enable_prefix_caching=False)
     kv = cache.allocate("s", [1, 2, 3])
     assert kv.scratch is cache.scratch and kv.seq_id == "s"
     assert kv.num_cached_tokens == 0 and kv.num_tokens == 0  # caching off: nothing looked up
@@ -353,15 +341,6 @@ def test_each_cache_has_its_own_pool_id_and_reports_its_tier() -> None:
     a, b = make_cache(), make_cache()
     assert a.pool_id != b.pool_id
     assert {row.tier for row in a.report()} == {"small"}
-    big = KVCache(  # 2 MiB of pages: the allocator's medium tier
-        num_layers=LAYERS,
-        num_kv_heads=HEADS,
-        head_dim=HEAD_DIM,
-        dtype=torch.float32,
-        device="cpu",
-        allocator=Allocator(),
-        max_bytes=2048 * BYTES_PER_PAGE,
-        block_size=BLOCK,
-    )
+    big = new_cache(2048 * BYTES_PER_PAGE)  # 2 MiB of pages: the allocator's medium tier
     assert {row.tier for row in big.report()} == {"medium"}
     big.close()
