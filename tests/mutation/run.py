@@ -2,7 +2,7 @@
 
     python -m tests.mutation.run                 # every mechanism
     python -m tests.mutation.run batcher writer  # some
-    python -m tests.mutation.run --again writer  # only the functions a survivor was found in
+    python -m tests.mutation.run --again writer  # only what the last run did not kill
     MUTATE_CHILDREN=2 python -m tests.mutation.run alerts
 
 Each mechanism gets a work directory build/mutation/<name>/ holding links to the packages and
@@ -17,7 +17,9 @@ survivors to build/mutation/<name>/survivors.txt, and exits 1 when a mechanism k
 run did not kill (survived, no tests, timed out) and every mutant of a function that has one never
 run (an edit renumbered its mutants), and keeps the other verdicts. A killed mutant stays killed
 when tests are only added, so the summary then stands for the whole mechanism; after a test was
-weakened or removed, or the mutated code changed much, run without `--again`.
+weakened or removed, or the mutated code changed much, run without `--again`. A change to a
+mechanism's `tests` (its mutmut section) makes mutmut forget every verdict: `--again` then re-runs
+them all.
 """
 
 from __future__ import annotations
