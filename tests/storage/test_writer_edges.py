@@ -67,6 +67,13 @@ def _busy_engine(url: str, busy_ms: int = 1) -> Engine:
     return engine
 
 
+def _recording_drops(url: str, **kwargs: Any) -> tuple[InferenceLogWriter, list[tuple[int, str]]]:
+    """A writer whose on_drop hook records (n, reason) in the list returned with it."""
+    drops: list[tuple[int, str]] = []
+    writer = InferenceLogWriter(url, on_drop=lambda n, reason: drops.append((n, reason)), **kwargs)
+    return writer, drops
+
+
 def _stored(engine: Engine) -> list[tuple[str, str, str | None]]:
     with engine.connect() as conn:
         query = select(InferenceLog.request_id, InferenceLog.status, InferenceLog.op)
@@ -311,10 +318,7 @@ def test_malformed_spooled_rows_are_dropped_and_the_drain_thread_goes_on(
         {"kind": "logit", "row": {"ts": ts, "request_id": "req-1", "op": "logit"}},  # no values
     ]
     spool.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    drops: list[tuple[int, str]] = []
-    writer = InferenceLogWriter(
-        url, migrate=False, spool_path=spool, on_drop=lambda n, reason: drops.append((n, reason))
-    )
+    writer, drops = _recording_drops(url, migrate=False, spool_path=spool)
     try:
         with caplog.at_level(logging.ERROR, logger="storage.drain"):
             _wait_until(lambda: writer.num_replayed == 2, "the spool replayed")
@@ -332,14 +336,7 @@ def test_malformed_spooled_rows_are_dropped_and_the_drain_thread_goes_on(
 # --- close: spill and drop ------------------------------------------------------------------------
 def test_close_without_a_spool_drops_every_batch_as_shutdown(tmp_path: Path) -> None:
     _, url = _db(tmp_path)
-    drops: list[tuple[int, str]] = []
-    writer = InferenceLogWriter(
-        url,
-        migrate=False,
-        autostart=False,
-        batch_size=4,
-        on_drop=lambda n, reason: drops.append((n, reason)),
-    )
+    writer, drops = _recording_drops(url, migrate=False, autostart=False, batch_size=4)
     try:
         writer.record(finished=[request_stats(i) for i in range(10)])
         assert writer.close(timeout=1) is False
@@ -354,14 +351,7 @@ def test_queue_full_drops_add_up_by_reason(tmp_path: Path) -> None:
     """Every item of one record() call that finds the queue full is counted, and the counts of
     separate calls add up."""
     _, url = _db(tmp_path)
-    drops: list[tuple[int, str]] = []
-    writer = InferenceLogWriter(
-        url,
-        migrate=False,
-        autostart=False,
-        queue_size=2,
-        on_drop=lambda n, reason: drops.append((n, reason)),
-    )
+    writer, drops = _recording_drops(url, migrate=False, autostart=False, queue_size=2)
     try:
         writer.record(finished=[request_stats(0)])
         writer.record(finished=[request_stats(i) for i in (1, 2, 3)])  # room for one of three
@@ -380,10 +370,7 @@ def test_queue_full_drops_add_up_by_reason(tmp_path: Path) -> None:
 
 def test_record_after_close_drops_every_item_as_shutdown(tmp_path: Path) -> None:
     _, url = _db(tmp_path)
-    drops: list[tuple[int, str]] = []
-    writer = InferenceLogWriter(
-        url, migrate=False, on_drop=lambda n, reason: drops.append((n, reason))
-    )
+    writer, drops = _recording_drops(url, migrate=False)
     try:
         writer.record(finished=[request_stats(0)])
         assert writer.close(timeout=WAIT_S) is True
@@ -400,10 +387,7 @@ def test_record_after_close_drops_every_item_as_shutdown(tmp_path: Path) -> None
 
 def test_a_malformed_stat_drops_everything_of_its_call_as_unstorable(tmp_path: Path) -> None:
     _, url = _db(tmp_path)
-    drops: list[tuple[int, str]] = []
-    writer = InferenceLogWriter(
-        url, migrate=False, on_drop=lambda n, reason: drops.append((n, reason))
-    )
+    writer, drops = _recording_drops(url, migrate=False)
     try:
         bad = dataclasses.replace(request_stats(0), finished_ts="not a time")  # type: ignore[arg-type]
         verified = [probe(0, "logit", 1.0, 1.0), probe(0, "geglu", 1.0, 1.0)]
