@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import DateTime, Dialect, Float, Index, Integer, String, Text
+from sqlalchemy import Boolean, DateTime, Dialect, Float, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
@@ -63,6 +63,11 @@ class InferenceLog(Base):
     # of prompt_tokens, those whose KV came from the prefix cache (migration 0002)
     cached_tokens: Mapped[int | None] = mapped_column(Integer)
     completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    # what the request asked for (migration 0003): choices, whether logprobs were asked, and the
+    # structured-output kind (none | json | regex | choice | grammar | tools)
+    n: Mapped[int | None] = mapped_column(Integer)
+    logprobs: Mapped[bool | None] = mapped_column(Boolean)
+    constraint: Mapped[str | None] = mapped_column(String(16))
     latency_s: Mapped[float | None] = mapped_column(Float)
     ttft_s: Mapped[float | None] = mapped_column(Float)
     batch_size: Mapped[int | None] = mapped_column(Integer)

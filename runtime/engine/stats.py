@@ -67,6 +67,9 @@ class RequestStats:
     completion_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (first schedule)
     max_tokens: int = 0
+    n: int = 1  # choices asked for (each choice is a sequence of its own)
+    logprobs: bool = False  # sampled or prompt log-probabilities were asked
+    constraint: str = "none"  # structured output: none | json | regex | choice | grammar | tools
     # "stop" | "length" | "cancelled" when it ended normally; None when it failed
     finished_reason: FinishReason | None = None
     # "validation" | "overloaded" | "internal" | "timeout" when it failed; None otherwise

@@ -103,3 +103,44 @@ def test_0002_adds_cached_tokens_and_keeps_older_rows(engine: Engine) -> None:
         )
         new = select(InferenceLog.cached_tokens).where(InferenceLog.request_id == "new")
         assert conn.execute(new).scalar_one() == 5
+
+
+def test_0003_adds_choices_logprobs_constraint_and_keeps_older_rows(engine: Engine) -> None:
+    """A row written at revision 0002 survives 0003 with n/logprobs/constraint NULL; a new row
+    stores them; downgrade to 0002 drops the three columns."""
+    config = alembic_config(engine)
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0002")
+    columns = {c["name"] for c in inspect(engine).get_columns("inference_log")}
+    assert not columns & {"n", "logprobs", "constraint"}
+    ts = datetime.now(timezone.utc)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO inference_log (ts, request_id, model, version, status)"
+                " VALUES (:ts, 'old', 'm', 'v', 'stop')"
+            ),
+            {"ts": ts.replace(tzinfo=None)},
+        )
+    upgrade(engine)
+    cols = (InferenceLog.n, InferenceLog.logprobs, InferenceLog.constraint)
+    with engine.begin() as conn:
+        assert tuple(conn.execute(select(*cols)).one()) == (None, None, None)
+        conn.execute(
+            InferenceLog.__table__.insert(),
+            [
+                {
+                    "ts": ts,
+                    "request_id": "new",
+                    "model": "m",
+                    "version": "v",
+                    "status": "stop",
+                    "n": 4,
+                    "logprobs": True,
+                    "constraint": "json",
+                }
+            ],
+        )
+        new = select(*cols).where(InferenceLog.request_id == "new")
+        assert tuple(conn.execute(new).one()) == (4, True, "json")
