@@ -25,9 +25,13 @@ from alerts.store import Point
 from storage.models import MetricSample
 from storage.store import MetricStore, Sample
 
+# what a datetime holds (years 1 to 9999): a window reaching past it (a query at year 9999 with a
+# 292y range) reads to the edge instead of failing in the conversion
+_MIN_TS, _MAX_TS = -62135596800.0, 253402300799.0
+
 
 def _dt(ts: float) -> datetime:
-    return datetime.fromtimestamp(ts, timezone.utc)
+    return datetime.fromtimestamp(min(max(ts, _MIN_TS), _MAX_TS), timezone.utc)
 
 
 class SqlSampleStore:

@@ -132,6 +132,12 @@ class Settings(BaseSettings):
     # balancer's health check takes the replica out before it refuses work (compose's HAProxy);
     # 0 under Kubernetes, where the preStop hook gives the Service that time
     drain_unready_s: float = Field(0.0, ge=0.0)
+    # the status page's query API (runtime.server.query_runner): Prometheus' query.timeout and
+    # query.max-samples, a response-size bound and the queries evaluated at once
+    query_timeout_s: float = Field(10.0, gt=0.0, le=3600.0)
+    query_max_samples: int = Field(500_000, ge=1000)
+    query_max_response_bytes: int = Field(16 << 20, ge=1 << 16)
+    query_max_concurrency: int = Field(4, ge=1, le=64)
     # other replicas' admin URLs (or a DNS name:port answering one A record per replica): an
     # automatic rollback or any newer rollout event on one replica is adopted by the others
     rollout_peers: list[str] = Field(default_factory=list)

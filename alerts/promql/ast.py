@@ -85,3 +85,24 @@ Expr = (
 COMPARISON_OPS = frozenset({"==", "!=", ">", "<", ">=", "<="})
 SET_OPS = frozenset({"and", "or", "unless"})
 ARITHMETIC_OPS = frozenset({"+", "-", "*", "/", "%", "^"})
+
+
+def children(expr: Expr) -> tuple[Expr, ...]:
+    if isinstance(expr, Unary | Aggregation):
+        return (expr.expr,)
+    if isinstance(expr, BinaryExpr):
+        return (expr.lhs, expr.rhs)
+    if isinstance(expr, Call):
+        return expr.args
+    return ()
+
+
+def depth(expr: Expr) -> int:
+    """Levels of the tree, counted without recursion (a left-deep `1+1+...+1` is as deep as it
+    is long, and every later pass over it recurses)."""
+    deepest, todo = 0, [(expr, 1)]
+    while todo:
+        node, level = todo.pop()
+        deepest = max(deepest, level)
+        todo.extend((child, level + 1) for child in children(node))
+    return deepest

@@ -21,6 +21,12 @@ _TOKEN = re.compile(
     """,
     re.VERBOSE,
 )
+# Literal sizes, so that no literal can overflow a float or an int conversion (a 400-digit
+# duration) or make one token the bulk of a query; each refusal names its limit.
+MAX_NUMBER_CHARS = 64  # max_number_chars: "1e309" fits (it is +Inf, as in Prometheus)
+MAX_DURATION_CHARS = 32  # max_duration_chars: "292y" is Prometheus' own ceiling
+MAX_DURATION_S = 292 * 365 * 86400.0  # max_duration_s: Prometheus' durations are int64 ms
+MAX_STRING_CHARS = 4096  # max_string_chars: a label value or regex
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'"}
 
 
@@ -33,10 +39,18 @@ class Token:
 
 def parse_duration(text: str) -> float:
     """'1h30m' -> 5400.0 seconds; raises AlertRuleError on anything else."""
+    if len(text) > MAX_DURATION_CHARS:
+        raise AlertRuleError(
+            f"duration {text[:40]!r}... longer than {MAX_DURATION_CHARS} characters "
+            "(max_duration_chars)"
+        )
     parts = _DURATION_PART.findall(text)
     if not parts or "".join(n + u for n, u in parts) != text:
         raise AlertRuleError(f"invalid duration {text!r}")
-    return sum(int(n) * _UNITS_S[u] for n, u in parts)
+    seconds = sum(int(n) * _UNITS_S[u] for n, u in parts)
+    if seconds > MAX_DURATION_S:
+        raise AlertRuleError(f"duration {text!r} longer than 292y (max_duration_s)")
+    return seconds
 
 
 def format_duration(seconds: float) -> str:
@@ -68,6 +82,16 @@ def _unquote(text: str) -> str:
     return "".join(out)
 
 
+def _check_size(kind: str, text: str, pos: int) -> None:
+    limit = {"number": MAX_NUMBER_CHARS, "string": MAX_STRING_CHARS + 2}.get(kind)
+    if limit is not None and len(text) > limit:
+        name = "max_number_chars" if kind == "number" else "max_string_chars"
+        raise AlertRuleError(
+            f"{kind} literal at {pos} longer than {limit - 2 * (kind == 'string')} "
+            f"characters ({name})"
+        )
+
+
 def tokenize(source: str) -> list[Token]:
     tokens: list[Token] = []
     pos = 0
@@ -77,6 +101,7 @@ def tokenize(source: str) -> list[Token]:
             raise AlertRuleError(f"unexpected character {source[pos]!r} at {pos} in {source!r}")
         kind = match.lastgroup or ""
         text = match.group()
+        _check_size(kind, text, pos)
         if kind == "string":
             tokens.append(Token(kind, _unquote(text), pos))
         elif kind != "space":

@@ -20,14 +20,24 @@ PRECEDENCE = {"or": 1, "and": 2, "unless": 2, "+": 4, "-": 4, "*": 5, "/": 5, "%
 PRECEDENCE.update({op: 3 for op in ast.COMPARISON_OPS})
 AGGREGATIONS = frozenset({"sum", "avg", "min", "max", "count"})
 _KEYWORD_OPS = frozenset({"and", "or", "unless"})
+# Nesting levels of a parsed expression (parentheses, unary signs, operands, call arguments):
+# every pass over the tree (type check, evaluation) recurses, so a deeper one is refused by name
+# instead of exhausting the interpreter's stack. The rules nest fewer than 15.
+MAX_DEPTH = 100
 
 
 def parse(source: str) -> ast.Expr:
     parser = _Parser(source)
     expr = parser.expr(0)
     parser.expect("eof")
+    if ast.depth(expr) > MAX_DEPTH:
+        raise _too_deep()
     type_of(expr)  # raises on type errors
     return expr
+
+
+def _too_deep() -> AlertRuleError:
+    return AlertRuleError(f"expression nested deeper than {MAX_DEPTH} levels (max_depth)")
 
 
 class _Parser:
@@ -35,6 +45,7 @@ class _Parser:
         self.source = source
         self.tokens = tokenize(source)
         self.i = 0
+        self.level = 0  # expr() calls in progress (the parser's own recursion)
 
     # --- token helpers ---------------------------------------------------------------------
     def peek(self, offset: int = 0) -> Token:
@@ -73,6 +84,15 @@ class _Parser:
         return None
 
     def expr(self, min_prec: int) -> ast.Expr:
+        if self.level >= MAX_DEPTH:
+            raise _too_deep()
+        self.level += 1
+        try:
+            return self._expr(min_prec)
+        finally:
+            self.level -= 1
+
+    def _expr(self, min_prec: int) -> ast.Expr:
         lhs = self.unary()
         while (op := self.binary_op()) is not None and PRECEDENCE[op] >= min_prec:
             self.next()

@@ -17,6 +17,7 @@ from collections.abc import MutableMapping, Sequence
 
 from alerts.errors import AlertRuleError
 from alerts.promql import ast
+from alerts.promql.budget import QueryBudget, unlimited
 from alerts.promql.engine import Evaluator, SeriesSource
 from alerts.promql.scale import max_window_s
 from alerts.promql.types import Labels, Matcher, Sample, Series, Vector
@@ -25,18 +26,25 @@ MAX_POINTS = 11_000  # Prometheus' limit per series ("exceeded maximum resolutio
 
 
 class _WindowedSource:
-    def __init__(self, source: SeriesSource, start: float, end: float) -> None:
+    def __init__(self, source: SeriesSource, start: float, end: float, budget: QueryBudget) -> None:
         self.source = source
         self.start, self.end = start, end
+        self.budget = budget
         self._cache: dict[tuple[Matcher, ...], list[tuple[Series, list[float]]]] = {}
+
+    def _read(self, matchers: Sequence[Matcher], start: float, end: float) -> list[Series]:
+        self.budget.check()
+        read = self.source.select(matchers, start, end)
+        self.budget.spend(sum(len(s.points) for s in read))
+        return read
 
     def select(self, matchers: Sequence[Matcher], start: float, end: float) -> list[Series]:
         if start < self.start or end > self.end:  # outside what was read: ask the store
-            return self.source.select(matchers, start, end)
+            return self._read(matchers, start, end)
         key = tuple(matchers)
         found = self._cache.get(key)
         if found is None:
-            read = self.source.select(matchers, self.start, self.end)
+            read = self._read(matchers, self.start, self.end)
             found = self._cache[key] = [(s, [t for t, _ in s.points]) for s in read]
         out: list[Series] = []
         for series, times in found:
@@ -71,19 +79,24 @@ def evaluate_range(
     lookback_s: float,
     memo: MutableMapping[float, Vector] | None = None,
     settled_before: float = -math.inf,
+    budget: QueryBudget | None = None,
 ) -> list[Series]:
     """One Series per output label set, points in time order (a scalar expression yields one
     series with no labels). Steps where a series has no sample are simply absent.
 
     `memo`: results of earlier evaluations of this same expression by step time. A step before
     `settled_before` (a time the store has a later round than) can no longer change, so it is
-    taken from the memo when there and stored in it when computed."""
+    taken from the memo when there and stored in it when computed.
+
+    `budget`: raises QueryTimeoutError / TooManySamplesError when spent (default: unlimited)."""
+    budget = budget if budget is not None else unlimited()
     times = step_times(start, end, step)
     memo = memo if memo is not None else {}
     todo = [t for t in times if not (t < settled_before and t in memo)]
     reach = max_window_s(expr) + lookback_s
     window_start = (todo[0] if todo else end) - reach
-    engine = Evaluator(_WindowedSource(source, window_start, end), lookback_s=lookback_s)
+    windowed = _WindowedSource(source, window_start, end, budget)
+    engine = Evaluator(windowed, lookback_s=lookback_s)
     rows: dict[Labels, list[tuple[float, float | None]]] = {}
     for t in times:
         samples = memo.get(t) if t < settled_before else None
@@ -91,6 +104,7 @@ def evaluate_range(
             samples = _step(engine, expr, t)
             if t < settled_before:
                 memo[t] = samples
+        budget.spend(len(samples))
         for s in samples:
             rows.setdefault(s.labels, []).append((t, s.value))
     return [Series(labels, points) for labels, points in rows.items()]

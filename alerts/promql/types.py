@@ -4,9 +4,10 @@ can key dicts; `__name__` is an ordinary label, as in Prometheus.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+
+from alerts.promql.regex import Pattern, compile_regex
 
 Labels = tuple[tuple[str, str], ...]
 METRIC_NAME = "__name__"
@@ -37,11 +38,11 @@ class Matcher:
     name: str
     op: str  # "=" | "!=" | "=~" | "!~"
     value: str
-    _regex: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
+    _regex: Pattern | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def create(cls, name: str, op: str, value: str) -> Matcher:
-        regex = re.compile(value, re.DOTALL) if op in ("=~", "!~") else None
+        regex = compile_regex(value) if op in ("=~", "!~") else None
         return cls(name, op, value, regex)
 
     def matches(self, labels: Labels) -> bool:

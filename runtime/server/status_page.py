@@ -18,6 +18,7 @@ from typing import Any
 from alerts.promql import LOOKBACK_S
 from dashboards.build import GENERATED_DIR
 from dashboards.queries import load_generated
+from runtime.server.query_runner import QueryLimits, QueryRunner
 from runtime.server.state import ServerState
 from runtime.server.status_catalog import (
     PAGE_RANGE_S,
@@ -56,6 +57,7 @@ class StatusPage:
     dashboards: list[tuple[str, str]] = field(default_factory=list)  # (name, title) in order
     queries: QueryService | None = None  # None: no evaluator, so no store to query
     unavailable: str | None = None  # why queries is None
+    runner: QueryRunner | None = None  # the threads and budget queries run with
 
     @classmethod
     def from_state(cls, state: ServerState) -> StatusPage:
@@ -71,10 +73,12 @@ class StatusPage:
         if evaluator is None:
             why = "the embedded evaluator is off (alerts_enabled=false): no samples to query"
             return cls(window, interval_s, panels, titles, None, why)
+        runner = QueryRunner(QueryLimits.from_settings(settings))
+        state.on_stop.append(runner.close)  # a stopping server stops its running queries
         lookback_s = evaluator.manager.engine.lookback_s
 
         def settled() -> float | None:
             return evaluator.settled_ts
 
         queries = QueryService(evaluator.store, lookback_s, scale, settled)
-        return cls(window, interval_s, panels, titles, queries)
+        return cls(window, interval_s, panels, titles, queries, runner=runner)

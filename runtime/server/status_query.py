@@ -8,6 +8,10 @@ reads the runtime itself or a real Prometheus alike:
 
 Expressions are evaluated with every range and offset multiplied by `alerts_time_scale`, exactly
 as the rules are (1.0 outside tests and demos: plain Prometheus semantics).
+
+Every query runs under a `QueryBudget` (a deadline and a number of samples; see
+runtime.server.query_runner for the thread it runs in and the response-size bound). Times must be
+finite and between year 1 and 9999, parameters short; a refusal is a 400 naming what was wrong.
 """
 
 from __future__ import annotations
@@ -23,13 +27,21 @@ from typing import Any
 
 from alerts.errors import AlertRuleError
 from alerts.promql import Series, parse, parse_duration, scale_durations, type_of
+from alerts.promql.budget import QueryBudget, QueryTimeoutError, unlimited
 from alerts.promql.range import evaluate_range, step_times
 from alerts.promql.types import Vector
 from alerts.store import SampleStore
 
 MAX_QUERY_CHARS = 8192
-MAX_MEMOS = 512  # queries whose per-step results are kept (the page asks ~60)
-MAX_STEPS_KEPT = 2048
+MAX_PARAM_CHARS = 64  # a time or a step: "2026-01-01T00:00:00.000000+00:00" is 32
+# Unix seconds Python's datetime (and so the SQL store) can hold: years 1 to 9999
+MIN_TIME_S, MAX_TIME_S = -62135596800.0, 253402300799.0
+# Per-step results kept across queries, so that a panel refreshing every few seconds evaluates
+# only its newest steps. Bounded in samples (a Sample with its list slot is ~100 bytes, so
+# ~10 MB), least recently used first out; a query whose results alone exceed it keeps none.
+MAX_MEMO_SAMPLES = 100_000
+MAX_MEMOS = 128  # and in queries (a key is a parsed expression): the page asks ~60
+MAX_STEPS_KEPT = 2048  # and in steps per query
 _NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
 
 
@@ -61,29 +73,48 @@ def parse_time(text: str | None, name: str, default: float | None = None) -> flo
         if default is None:
             raise QueryError(f'missing parameter "{name}"')
         return default
+    _check_length(text, name)
     if _NUMBER.match(text):
-        return float(text)
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        message = f'invalid parameter "{name}": cannot parse {text!r} to a valid timestamp'
-        raise QueryError(message) from None
+        value = float(text)
+    else:
+        try:
+            value = datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+        except (ValueError, OverflowError):
+            message = f'invalid parameter "{name}": cannot parse {text!r} to a valid timestamp'
+            raise QueryError(message) from None
+    if not MIN_TIME_S <= value <= MAX_TIME_S:  # also NaN and the overflow to inf of 1e309
+        raise QueryError(
+            f'invalid parameter "{name}": {text!r} is outside years 1 to 9999 '
+            f"({MIN_TIME_S:.0f} to {MAX_TIME_S:.0f} unix seconds)"
+        )
+    return value
 
 
 def parse_step(text: str | None) -> float:
     if text is None or text == "":
         raise QueryError('missing parameter "step"')
+    _check_length(text, "step")
     try:
-        return float(text) if _NUMBER.match(text) else parse_duration(text)
+        step = float(text) if _NUMBER.match(text) else parse_duration(text)
     except AlertRuleError:
         message = f'invalid parameter "step": cannot parse {text!r} to a valid duration'
         raise QueryError(message) from None
+    if not 0 < step < math.inf:
+        message = "zero, negative or infinite query resolution step widths are not accepted"
+        raise QueryError(message)
+    return step
+
+
+def _check_length(text: str, name: str) -> None:
+    if len(text) > MAX_PARAM_CHARS:
+        raise QueryError(f'invalid parameter "{name}": longer than {MAX_PARAM_CHARS} characters')
 
 
 class QueryService:
     """Queries over one store. Panels ask the same queries every refresh: each query's results
     per step are memoized once the store has a later round (`settled()`, the evaluator's newest
-    round), so a refresh evaluates only the newest steps."""
+    round), so a refresh evaluates only the newest steps. Memos are keyed by the parsed
+    expression (whitespace and spelling do not make a new one) and bounded in samples."""
 
     def __init__(
         self,
@@ -91,19 +122,21 @@ class QueryService:
         lookback_s: float,
         time_scale: float,
         settled: Callable[[], float | None] = lambda: None,
+        max_memo_samples: int = MAX_MEMO_SAMPLES,
     ) -> None:
         self.store = store
         self.lookback_s = lookback_s  # the instant-selector lookback, scaled like the rules
         self.time_scale = time_scale
         self.settled = settled
-        self._memos: OrderedDict[str, dict[float, Vector]] = OrderedDict()
+        self.max_memo_samples = max_memo_samples
+        self._memos: OrderedDict[Any, dict[float, Vector]] = OrderedDict()
         self._lock = threading.Lock()
 
     def _parse(self, text: str | None) -> tuple[Any, str]:
         if not text:
             raise QueryError('missing parameter "query"')
         if len(text) > MAX_QUERY_CHARS:
-            raise QueryError(f"query longer than {MAX_QUERY_CHARS} characters")
+            raise QueryError(f"query longer than {MAX_QUERY_CHARS} characters (max_query_chars)")
         try:
             expr = parse(text)
             kind = type_of(expr)
@@ -113,27 +146,37 @@ class QueryService:
             raise QueryError(f'invalid expression type "{kind}": must be scalar or instant vector')
         return scale_durations(expr, self.time_scale), kind
 
-    def _memo(self, text: str) -> dict[float, Vector]:
+    def memo_samples(self) -> int:
         with self._lock:
-            memo = self._memos.pop(text, None)
-            if memo is None:
-                memo = {}
-            elif len(memo) > 4 * MAX_STEPS_KEPT:
-                # oldest steps first (inserted in time order): keep the newest
-                memo = dict(list(memo.items())[-MAX_STEPS_KEPT:])
-            self._memos[text] = memo
-            while len(self._memos) > MAX_MEMOS:
-                self._memos.popitem(last=False)
-            return memo
+            return sum(_samples(memo) for memo in self._memos.values())
+
+    def _take_memo(self, key: Any) -> dict[float, Vector]:
+        """The memo of `key`, taken out while its query runs (a concurrent one of the same
+        expression starts afresh), so it is never shared between threads."""
+        with self._lock:
+            return self._memos.pop(key, None) or {}
+
+    def _keep_memo(self, key: Any, memo: dict[float, Vector]) -> None:
+        size = _samples(memo)
+        if not size or size > self.max_memo_samples:
+            return
+        with self._lock:
+            self._memos[key] = memo
+            total = sum(_samples(m) for m in self._memos.values())
+            while total > self.max_memo_samples or len(self._memos) > MAX_MEMOS:
+                _, evicted = self._memos.popitem(last=False)
+                total -= _samples(evicted)
 
     def _settled(self) -> float:
         ts = self.settled()
         return -math.inf if ts is None else ts
 
-    def instant(self, text: str | None, t: float) -> dict[str, Any]:
+    def instant(
+        self, text: str | None, t: float, budget: QueryBudget | None = None
+    ) -> dict[str, Any]:
         expr, kind = self._parse(text)
         t = round(t, 3)  # milliseconds, as Prometheus stamps results
-        rows = self._range(text, expr, t, t, 1.0)  # one step: the same path, the same memo
+        rows = self._range(expr, t, t, 1.0, budget)  # one step: the same path, the same memo
         if kind == "scalar":
             value = rows[0].points[0][1] if rows else math.nan
             return {"resultType": "scalar", "result": [t, format_value(value)]}
@@ -142,29 +185,56 @@ class QueryService:
         ]
         return {"resultType": "vector", "result": result}
 
-    def range(self, text: str | None, start: float, end: float, step: float) -> dict[str, Any]:
+    def range(
+        self,
+        text: str | None,
+        start: float,
+        end: float,
+        step: float,
+        budget: QueryBudget | None = None,
+    ) -> dict[str, Any]:
         expr, _ = self._parse(text)
         try:
             step_times(start, end, step)
         except AlertRuleError as exc:
             raise QueryError(exc.message) from exc
-        rows = self._range(text, expr, start, end, step)
+        rows = self._range(expr, start, end, step, budget)
         return {"resultType": "matrix", "result": [_matrix_row(s) for s in rows]}
 
-    def _range(self, text: Any, expr: Any, start: float, end: float, step: float) -> list[Series]:
+    def _range(
+        self, expr: Any, start: float, end: float, step: float, budget: QueryBudget | None
+    ) -> list[Series]:
+        memo = self._take_memo(expr)
         try:
-            return evaluate_range(
+            rows = evaluate_range(
                 self.store,
                 expr,
                 start,
                 end,
                 step,
                 lookback_s=self.lookback_s,
-                memo=self._memo(str(text)),
+                memo=memo,
                 settled_before=self._settled(),
+                budget=budget or unlimited(),
             )
-        except AlertRuleError as exc:
+        except QueryTimeoutError as exc:
+            raise QueryError(exc.message, "timeout", 503) from exc
+        except AlertRuleError as exc:  # too many samples, or an error in the data
             raise QueryError(exc.message, "execution", 422) from exc
+        self._keep_memo(expr, _newest(memo))
+        return rows
+
+
+def _samples(memo: dict[float, Vector]) -> int:
+    return sum(len(v) for v in memo.values()) + len(memo)  # an empty step still costs a slot
+
+
+def _newest(memo: dict[float, Vector]) -> dict[float, Vector]:
+    """Steps are inserted in time order: past this many, keep only the newest (a panel's
+    window slides forward; older steps are not asked for again)."""
+    if len(memo) <= MAX_STEPS_KEPT:
+        return memo
+    return dict(list(memo.items())[-MAX_STEPS_KEPT:])
 
 
 def _matrix_row(series: Series) -> dict[str, Any]:

@@ -118,8 +118,14 @@ _PROM_RESPONSES: dict[int | str, dict[str, Any]] = {
         "content": {"application/json": {"schema": _PROM_SUCCESS}},
     },
     400: _prom_error("bad_data: bad parameters, or PromQL outside the embedded subset"),
-    422: _prom_error("execution: the expression failed on the data"),
-    503: _prom_error("unavailable: the embedded evaluator is off"),
+    422: _prom_error(
+        "execution: the expression failed on the data, or touched more than query_max_samples "
+        "samples, or its answer exceeds query_max_response_bytes"
+    ),
+    503: _prom_error(
+        "timeout: past query_timeout_s; unavailable: the embedded evaluator is off, or "
+        "query_max_concurrency queries are already running"
+    ),
     **_VIEWER_ERRORS,
 }
 
@@ -189,15 +195,16 @@ def summary(request: Request, viewer: Viewer = Depends(status_viewer)) -> JSONRe
     )
 
 
-def _answer(request: Request, run: Any) -> JSONResponse:
+async def _answer(request: Request, run: Any) -> Response:
+    """Run `run(queries, params, budget)` on the page's query runner (runtime.server.query_runner:
+    its own threads, a deadline, bounded samples and bytes) and answer its JSON."""
     page = _page(request)
-    if page.queries is None:
+    if page.queries is None or page.runner is None:
         error = QueryError(page.unavailable or "no sample store", "unavailable", 503)
         return _json(error.payload(), error.status)
-    try:
-        return _json({"status": "success", "data": run(page.queries, request.query_params)})
-    except QueryError as exc:
-        return _json(exc.payload(), exc.status)
+    queries, params = page.queries, request.query_params
+    status, body = await page.runner.answer(lambda budget: run(queries, params, budget))
+    return Response(body, status, headers=SECURITY_HEADERS, media_type="application/json")
 
 
 @router.get(
@@ -209,14 +216,14 @@ def _answer(request: Request, run: Any) -> JSONResponse:
         ("time", False, "unix seconds or RFC 3339; default now"),
     ),
 )
-def query(request: Request, _viewer: Viewer = Depends(status_viewer)) -> JSONResponse:
+async def query(request: Request, _viewer: Viewer = Depends(status_viewer)) -> Response:
     """Prometheus' instant query over the embedded evaluator's sample store."""
 
-    def run(queries: Any, params: Any) -> Any:
+    def run(queries: Any, params: Any, budget: Any) -> Any:
         at = parse_time(params.get("time"), "time", time.time())
-        return queries.instant(params.get("query"), at)
+        return queries.instant(params.get("query"), at, budget)
 
-    return _answer(request, run)
+    return await _answer(request, run)
 
 
 @router.get(
@@ -230,12 +237,13 @@ def query(request: Request, _viewer: Viewer = Depends(status_viewer)) -> JSONRes
         ("step", True, "seconds, or a duration such as 15s"),
     ),
 )
-def query_range(request: Request, _viewer: Viewer = Depends(status_viewer)) -> JSONResponse:
+async def query_range(request: Request, _viewer: Viewer = Depends(status_viewer)) -> Response:
     """Prometheus' range query over the embedded evaluator's sample store."""
 
-    def run(queries: Any, params: Any) -> Any:
+    def run(queries: Any, params: Any, budget: Any) -> Any:
         start = parse_time(params.get("start"), "start")
         end = parse_time(params.get("end"), "end")
-        return queries.range(params.get("query"), start, end, parse_step(params.get("step")))
+        step = parse_step(params.get("step"))
+        return queries.range(params.get("query"), start, end, step, budget)
 
-    return _answer(request, run)
+    return await _answer(request, run)
