@@ -132,6 +132,14 @@ class Settings(BaseSettings):
     # balancer's health check takes the replica out before it refuses work (compose's HAProxy);
     # 0 under Kubernetes, where the preStop hook gives the Service that time
     drain_unready_s: float = Field(0.0, ge=0.0)
+    # connections (runtime.server.connections): a request head longer than this is a 431; one not
+    # complete this long after its first byte (or the connection's opening) closes it; an idle
+    # kept-alive connection is closed after keep_alive_timeout_s; past max_connections a new
+    # connection gets a 503 and is closed
+    max_header_bytes: int = Field(32 << 10, ge=1024, le=16 << 20)
+    header_read_timeout_s: float = Field(10.0, gt=0.0, le=3600.0)
+    keep_alive_timeout_s: float = Field(5.0, gt=0.0, le=3600.0)
+    max_connections: int = Field(512, ge=1)
     # the status page's query API (runtime.server.query_runner): Prometheus' query.timeout and
     # query.max-samples, a response-size bound and the queries evaluated at once
     query_timeout_s: float = Field(10.0, gt=0.0, le=3600.0)

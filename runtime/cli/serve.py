@@ -57,6 +57,7 @@ def command(
         -d '{"model": "llama-tiny", "prompt": "Hello", "max_tokens": 8}'
     """
     from runtime.server import create_app, run_server
+    from runtime.server.connections import ConnectionLimits
     from runtime.server.preflight import preflight
 
     settings = load_settings(
@@ -91,6 +92,7 @@ def command(
         unready_s=settings.drain_unready_s,
         log_level=log_level,
         access_log=settings.access_log,
+        limits=ConnectionLimits.from_settings(settings),
     )
     if rc:
         sys.exit(rc)

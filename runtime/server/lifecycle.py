@@ -19,6 +19,9 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
+from prometheus_client import CollectorRegistry
+
+from runtime.server.connections import ConnectionLimits, server_options
 
 log = logging.getLogger("fastllm.server")
 
@@ -109,8 +112,13 @@ def run_server(
     unready_s: float = 0.0,
     log_level: str = "info",
     access_log: bool = True,
+    limits: ConnectionLimits | None = None,
 ) -> int:
-    """Serve `app` until SIGTERM / SIGINT has drained it; returns the process exit status."""
+    """Serve `app` until SIGTERM / SIGINT has drained it; returns the process exit status.
+    `limits`: header size and deadlines, keep-alive, open connections (runtime.server.connections;
+    default: its defaults), counted on the app's registry."""
+    state = getattr(app.state, "fastllm", None)
+    registry = state.registry if state is not None else CollectorRegistry()
     config = uvicorn.Config(
         app,
         host=host,
@@ -119,6 +127,7 @@ def run_server(
         access_log=access_log,
         timeout_graceful_shutdown=5,
         lifespan="on",
+        **server_options(limits or ConnectionLimits(), registry),
     )
     server = DrainingServer(config, grace_s=grace_s, unready_s=unready_s)
     server.run()
