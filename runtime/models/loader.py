@@ -22,6 +22,7 @@ from runtime.models.checkpoint import TensorSource, open_checkpoint
 from runtime.models.config import ModelArgs
 from runtime.models.gemma import GemmaForCausalLM
 from runtime.models.llama import LlamaForCausalLM
+from runtime.models.quantize import QuantizationSummary, quantize_model
 from runtime.models.weights import is_ignored, weight_table
 
 if TYPE_CHECKING:
@@ -52,6 +53,8 @@ class LoadedModel:
     path: Path
     is_legacy: bool = False  # loaded from pytorch_model.bin under legacy_support
     metadata: dict[str, str] = field(default_factory=dict)  # safetensors metadata (e.g. geglu fix)
+    # weight-only quantization applied at load (runtime.models.quantize); None: float weights
+    quantization: QuantizationSummary | None = None
     # fast decode steps built for this model, by (compile, cuda_graphs): runtime.models.fast
     fast_paths: dict[tuple[str, str], Any] = field(default_factory=dict, repr=False)
 
@@ -67,7 +70,11 @@ def load_model(
     device: str | torch.device = "auto",
     legacy_support: bool = False,
     load_tokenizer: bool = True,
+    quantization: str | None = None,
+    quant_group_size: int = 32,
 ) -> LoadedModel:
+    """`quantization` (int8 | int4 | fp8) quantizes the decoder's linears after the float load
+    (runtime.models.quantize); the summary records what it cost."""
     path = Path(path)
     if not path.is_dir():
         raise ModelLoadError(f"model directory {path} does not exist")
@@ -80,14 +87,21 @@ def load_model(
         model = MODEL_CLASSES[args.arch](args)
     model.load_state_dict(state, strict=True, assign=True)
     model.eval().requires_grad_(False)
+    summary = None
+    if quantization is not None and quantization != "none":
+        if not isinstance(model, CausalLM):
+            raise ConfigError("quantization applies to causal LMs only", param="quantization")
+        summary = quantize_model(model, quantization, group_size=quant_group_size)
     tokenizer = None
     if load_tokenizer:
         from runtime.models.tokenizer import Tokenizer  # lazy: heavy, and optional in tests
 
         tokenizer = Tokenizer.from_dir(path)
-    return LoadedModel(
+    loaded = LoadedModel(
         model, args, tokenizer, torch_device, torch_dtype, path, source.is_legacy, source.metadata
     )
+    loaded.quantization = summary
+    return loaded
 
 
 def read_args(path: Path) -> ModelArgs:
