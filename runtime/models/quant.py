@@ -58,6 +58,9 @@ class Int8Linear(nn.Module):
     """y = x (s ⊙ Q)^T (+ b): Q int8 [out, in], one scale per output row."""
 
     method = "int8"
+    codes: Tensor  # [out, in] int8
+    scales: Tensor  # [out] fp32, bf16-exact (the reference's copy)
+    scales_bf16: Tensor  # [out] the kernel's copy
 
     def __init__(self, codes: Tensor, scales: Tensor, bias: Tensor | None) -> None:
         super().__init__()
@@ -108,6 +111,10 @@ class Int4Linear(nn.Module):
     zero = m + 8 d; Q4_0 (w = d * (q - 8)) with zero = 0."""
 
     method = "int4"
+    packed: Tensor  # the kernel's packed codes
+    own_codes: Tensor  # two codes a byte, only where `packed` is not read back (else empty)
+    scales_zeros: Tensor  # [in / group, out, 2] fp32, bf16-exact (the reference's copy)
+    scales_zeros_bf16: Tensor  # the kernel's copy
 
     def __init__(
         self, codes: Tensor, scales: Tensor, zeros: Tensor, group_size: int, bias: Tensor | None
@@ -227,7 +234,8 @@ def quantize_linear(
     elif method == "fp8":
         from runtime.models.quant_fp8 import Fp8Linear  # CUDA only; refuses elsewhere
 
-        return Fp8Linear.quantize(name, weight, bias)
+        fp8, fp8_report = Fp8Linear.quantize(name, weight, bias)
+        return fp8, fp8_report
     else:
         raise ConfigError(
             f"unknown quantization {method!r}; use one of {', '.join(METHODS)}",
