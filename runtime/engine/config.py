@@ -22,9 +22,9 @@ class EngineConfig:
     legacy_support: bool = False
     quantization: str | None = None  # weight-only int8 | int4 | fp8 at load; None: float
     quant_group_size: int = 32  # int4: input features per scale/zero
-    # intra-op threads of the threads that run model ops (engine loop, verifier); 0: the
-    # physical cores. Set inside each such thread: OpenMP's thread count is per thread.
-    num_threads: int = 0
+    # intra-op threads of the engine loop's thread (set inside it: OpenMP's thread count is per
+    # thread); 0: the physical cores; None: leave what the thread inherits (offline use, tests)
+    num_threads: int | None = None
     max_num_seqs: int = 64  # upper bound of the batch (the adaptive limit never exceeds it)
     min_num_seqs: int = 1
     initial_num_seqs: int = 16

@@ -146,7 +146,9 @@ class EngineCore:
     # --- the loop --------------------------------------------------------------------------------
     def _loop(self) -> None:
         # per thread (runtime.engine.threads): the main thread's setting does not reach this one
-        self.num_threads = apply_num_threads(self.config.num_threads)
+        if self.config.num_threads is not None:
+            apply_num_threads(self.config.num_threads)
+        self.num_threads = torch.get_num_threads()
         while True:
             with self.lock:
                 if self._stop:

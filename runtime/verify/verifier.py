@@ -107,10 +107,11 @@ class Verifier:
         max_batch: int = 32,
         on_drop: Callable[[int], None] | None = None,
         autostart: bool = True,
-        num_threads: int = 0,
+        num_threads: int | None = None,
     ) -> None:
         self.sink = sink
-        self.num_threads = num_threads  # applied inside the worker (runtime.engine.threads)
+        # applied inside the worker (runtime.engine.threads); None: what the thread inherits
+        self.num_threads = num_threads
         self.sample_rate = sample_rate
         self.max_batch = max_batch  # jobs verified together in one packed reference forward
         self._on_drop = on_drop
@@ -186,7 +187,8 @@ class Verifier:
 
     # --- the worker -----------------------------------------------------------------------------
     def _run(self) -> None:
-        apply_num_threads(self.num_threads)  # OpenMP's count is per thread
+        if self.num_threads is not None:  # OpenMP's count is per thread
+            apply_num_threads(self.num_threads)
         while True:
             jobs = self._take()
             if not jobs:
