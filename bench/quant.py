@@ -45,6 +45,26 @@ def _best_ms(fn: Callable[[], object], reps: int, rounds: int = 3) -> float:
     return best * 1e3
 
 
+def _candidates(weight: torch.Tensor, x: torch.Tensor) -> dict[str, Callable[[], object]]:
+    """Each way to compute x W^T for one layer (the closures keep this call's tensors)."""
+    xb = x.bfloat16()
+    w_t = weight.t().contiguous()
+    wb_t = w_t.bfloat16()
+    i8, i4 = Int8Linear.quantize(weight, None), Int4Linear.quantize(weight, None, 32)
+    return {
+        "f32_dense": lambda: x @ w_t,
+        "bf16_dense": lambda: xb @ wb_t,
+        "int8_bf16_act": lambda: torch._weight_int8pack_mm(xb, i8.codes, i8.scales_bf16),
+        "int4_bf16_act": lambda: torch._weight_int4pack_mm_for_cpu(
+            xb, i4.packed, 32, i4.scales_zeros_bf16
+        ),
+        "int8_f32_act": lambda: torch._weight_int8pack_mm(x, i8.codes, i8.scales),
+        "int4_f32_act": lambda: torch._weight_int4pack_mm_for_cpu(
+            x, i4.packed, 32, i4.scales_zeros
+        ),
+    }
+
+
 def bench_kernels(rows: int, reps: int) -> dict[str, float]:
     """ms for one layer's four GEMMs per candidate, and each one's ratio to f32 dense."""
     gen = torch.Generator().manual_seed(0)
@@ -52,22 +72,7 @@ def bench_kernels(rows: int, reps: int) -> dict[str, float]:
     for in_f, out_f in SHAPES:
         weight = torch.randn(out_f, in_f, generator=gen)
         x = torch.randn(rows, in_f, generator=gen)
-        xb = x.bfloat16()
-        w_t, wb_t = weight.t().contiguous(), weight.t().contiguous().bfloat16()
-        i8, i4 = Int8Linear.quantize(weight, None), Int4Linear.quantize(weight, None, 32)
-        candidates: dict[str, Callable[[], object]] = {
-            "f32_dense": lambda: x @ w_t,
-            "bf16_dense": lambda: xb @ wb_t,
-            "int8_bf16_act": lambda: torch._weight_int8pack_mm(xb, i8.codes, i8.scales_bf16),
-            "int4_bf16_act": lambda: torch._weight_int4pack_mm_for_cpu(
-                xb, i4.packed, 32, i4.scales_zeros_bf16
-            ),
-            "int8_f32_act": lambda: torch._weight_int8pack_mm(x, i8.codes, i8.scales),
-            "int4_f32_act": lambda: torch._weight_int4pack_mm_for_cpu(
-                x, i4.packed, 32, i4.scales_zeros
-            ),
-        }
-        for name, fn in candidates.items():
+        for name, fn in _candidates(weight, x).items():
             totals[name] = totals.get(name, 0.0) + _best_ms(fn, reps)
     base = totals["f32_dense"]
     return {

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from runtime.errors import ConfigError, ModelLoadError
+from runtime.models import quant_checkpoint
 from runtime.models.base import CausalLM
 from runtime.models.bert import BertEncoder
 from runtime.models.checkpoint import TensorSource, open_checkpoint
@@ -82,13 +83,24 @@ def load_model(
     torch_dtype = resolve_dtype(dtype)
     torch_device = resolve_device(device)
     source = open_checkpoint(path, legacy_support=legacy_support)
-    state = read_state(args, source, torch_dtype, torch_device)
+    stored = source.metadata.get(quant_checkpoint.META_METHOD)  # a `convert --quantize` output
+    if stored and quantization not in (None, "none", stored):
+        raise ConfigError(
+            f"{path} holds {stored} weights; quantization {quantization!r} cannot apply to them "
+            f"(use none or {stored}, or quantize the float checkpoint)",
+            param="quantization",
+        )
+    state = read_state(args, source, torch_dtype, torch_device, prequantized=bool(stored))
     with torch.device("meta"):
         model = MODEL_CLASSES[args.arch](args)
+    summary = None
+    if stored:
+        summary = quant_checkpoint.install_quantized(
+            model, args, source.get, set(source.names()), source.metadata, torch_device
+        )
     model.load_state_dict(state, strict=True, assign=True)
     model.eval().requires_grad_(False)
-    summary = None
-    if quantization is not None and quantization != "none":
+    if not stored and quantization is not None and quantization != "none":
         if not isinstance(model, CausalLM):
             raise ConfigError("quantization applies to causal LMs only", param="quantization")
         summary = quantize_model(model, quantization, group_size=quant_group_size)
@@ -133,10 +145,22 @@ def resolve_device(device: str | torch.device) -> torch.device:
 
 
 def read_state(
-    args: ModelArgs, source: TensorSource, dtype: torch.dtype, device: torch.device
+    args: ModelArgs,
+    source: TensorSource,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    prequantized: bool = False,
 ) -> dict[str, Tensor]:
+    """Float tensors by parameter name. `prequantized`: the projections' weights are stored
+    quantized (runtime.models.quant_checkpoint) and are installed separately."""
     table = weight_table(args)
-    present = set(source.names())
+    if prequantized:
+        replaced = {
+            n for names in quant_checkpoint.projection_sources(args).values() for n in names
+        }
+        table = [e for e in table if e.hf_name not in replaced]
+    present = {n for n in source.names() if not quant_checkpoint.is_quantized_tensor(n)}
     missing = [e.hf_name for e in table if e.hf_name not in present]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""

@@ -11,6 +11,10 @@ matrix of the *same* codes and scales the kernel reads, in fp32, so the referenc
 with identical weights and an anomaly measures kernel error, not quantization error. Scales are
 rounded to bf16 when quantizing, so the kernel's bf16 scales and the reference's fp32 ones are the
 same numbers.
+
+The layers' tensors are non-persistent buffers: the kernels' packed forms differ per device and
+torch release, so they are derived at load from the stored codes (runtime.models.quant_checkpoint)
+and never appear in a state dict.
 """
 
 from __future__ import annotations
@@ -69,9 +73,9 @@ class Int8Linear(nn.Module):
                 f"int8 weights need int8 codes [out, in] and scales [out]; got codes "
                 f"{codes.dtype} {list(codes.shape)}, scales {list(scales.shape)}"
             )
-        self.register_buffer("codes", codes.contiguous())  # [out, in]
-        self.register_buffer("scales", _bf16_exact(scales.float()))  # [out]
-        self.register_buffer("scales_bf16", self.scales.to(torch.bfloat16))
+        self.register_buffer("codes", codes.contiguous(), persistent=False)  # [out, in]
+        self.register_buffer("scales", _bf16_exact(scales.float()), persistent=False)  # [out]
+        self.register_buffer("scales_bf16", self.scales.to(torch.bfloat16), persistent=False)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.in_features = codes.shape[1]
         self.out_features = codes.shape[0]
@@ -145,12 +149,16 @@ class Int4Linear(nn.Module):
             packed = torch._convert_weight_to_int4pack_for_cpu(codes32, 1)
             # keep our own copy of the codes only when torch's layout is not one we can read
             self._own_codes = not torch.equal(_unpack_cpu_int4(packed, out_f, in_f), codes32)
-        self.register_buffer("packed", packed)
+        self.register_buffer("packed", packed, persistent=False)
         own = _pack_nibbles(codes32) if self._own_codes else torch.empty(0, dtype=torch.uint8)
-        self.register_buffer("own_codes", own)
+        self.register_buffer("own_codes", own, persistent=False)
         sz = torch.stack([_bf16_exact(scales.float()).t(), _bf16_exact(zeros.float()).t()], -1)
-        self.register_buffer("scales_zeros", sz.contiguous())  # [groups, out, 2] fp32
-        self.register_buffer("scales_zeros_bf16", sz.to(torch.bfloat16).contiguous())
+        self.register_buffer(
+            "scales_zeros", sz.contiguous(), persistent=False
+        )  # [groups, out, 2] fp32
+        self.register_buffer(
+            "scales_zeros_bf16", sz.to(torch.bfloat16).contiguous(), persistent=False
+        )
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.in_features, self.out_features, self.group_size = in_f, out_f, group_size
 

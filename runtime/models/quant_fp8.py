@@ -46,8 +46,10 @@ class Fp8Linear(nn.Module):
 
     def __init__(self, codes: Tensor, scales: Tensor, bias: Tensor | None) -> None:
         super().__init__()
-        self.register_buffer("codes_t", codes.t())  # [in, out] column-major view for _scaled_mm
-        self.register_buffer("scales", scales.float().view(1, -1))  # [1, out]
+        self.register_buffer(
+            "codes_t", codes.t(), persistent=False
+        )  # [in, out] column-major view for _scaled_mm
+        self.register_buffer("scales", scales.float().view(1, -1), persistent=False)  # [1, out]
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.out_features, self.in_features = codes.shape
         self.group_size = self.in_features

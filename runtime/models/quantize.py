@@ -57,6 +57,13 @@ def check_method(method: str) -> None:
         )
 
 
+def method_for(method: str, in_features: int, group_size: int) -> str:
+    """int4's groups must tile a layer's input features; a layer they cannot tile is int8."""
+    if method == "int4" and in_features % group_size:
+        return "int8"
+    return method
+
+
 @torch.inference_mode()
 def quantize_model(model: nn.Module, method: str, *, group_size: int = 32) -> QuantizationSummary:
     """Replace each decoder projection (`layers.L.<proj>`) by its quantized form."""
@@ -75,10 +82,7 @@ def quantize_model(model: nn.Module, method: str, *, group_size: int = 32) -> Qu
             name = f"layers.{idx}.{path}"
             bias = None if linear.bias is None else linear.bias.detach().clone()
             weight = linear.weight.detach()
-            # int4's groups must tile the input features; a layer they cannot tile is int8
-            layer_method = method
-            if method == "int4" and weight.shape[1] % group_size:
-                layer_method = "int8"
+            layer_method = method_for(method, weight.shape[1], group_size)
             quantized, report = quantize_linear(
                 name, weight, bias, layer_method, group_size=group_size
             )

@@ -155,3 +155,81 @@ def _load_dequantized(float_model: torch.nn.Module, quantized: torch.nn.Module) 
             parent, attr = path.split(".")
             target = getattr(getattr(dst, parent), attr)
             target.weight_t.copy_(getattr(getattr(src, parent), attr).weight.t())
+
+
+def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    from runtime.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+        raise SystemExit(0)
+    captured = capsys.readouterr()
+    return int(exc.value.code or 0), captured.out + captured.err
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_convert_quantize_round_trips_through_the_loader(
+    method: str,
+    demo_model_dir: Callable[[str], Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`fastllm convert --quantize` stores codes and scales; loading them gives the same layers
+    (same dequantized weights, same outputs) as quantizing the float checkpoint at load."""
+    from runtime.models.checkpoint import open_checkpoint
+
+    out = tmp_path / "q"
+    code, output = _cli(
+        ["convert", "--input", str(demo_model_dir("llama")), "--output", str(out),
+         "--quantize", method, "--quiet"], capsys,
+    )  # fmt: skip
+    assert code == 0, output
+    assert f"projections {method}" in output and "relative RMS error" in output
+    meta = open_checkpoint(out, legacy_support=False).metadata
+    assert meta["fastllm.quantization"] == method and meta["fastllm.quant_group_size"] == "32"
+    stored = load_model(out, device="cpu")
+    at_load = load_model(demo_model_dir("llama"), device="cpu", quantization=method)
+    assert stored.quantization is not None and stored.quantization.method == method
+    x = torch.randn(3, stored.args.hidden_size, generator=torch.Generator().manual_seed(5))
+    for a, b in zip(stored.model.layers, at_load.model.layers, strict=True):  # type: ignore[attr-defined]
+        for m1, m2 in ((a.attn.qkv_proj, b.attn.qkv_proj), (a.attn.o_proj, b.attn.o_proj)):
+            assert type(m1) is type(m2)
+            assert torch.equal(m1.weight, m2.weight)
+        assert torch.equal(a.attn.qkv_proj(x), b.attn.qkv_proj(x))
+    # a quantized checkpoint refuses another quantization, and cannot be quantized twice
+    with pytest.raises(ConfigError, match="holds"):
+        load_model(out, device="cpu", quantization="int8" if method == "int4" else "int4")
+    code, output = _cli(
+        ["convert", "--input", str(out), "--output", str(tmp_path / "qq"), "--quantize", "int8",
+         "--quiet"], capsys,
+    )  # fmt: skip
+    assert code == 2 and "already quantized" in output and output.count("\n") == 1
+
+
+def test_a_quantized_checkpoint_with_bad_metadata_is_one_line_error(
+    demo_model_dir: Callable[[str], Path], tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from runtime.models.checkpoint import open_checkpoint
+    from runtime.tools.convert import convert_checkpoint
+
+    out = tmp_path / "q"
+    convert_checkpoint(demo_model_dir("llama"), out, quantize="int4")
+    meta = open_checkpoint(out, legacy_support=False).metadata
+    tensors = load_file(str(out / "model.safetensors"))
+    cases = {
+        "group size": ({**meta, "fastllm.quant_group_size": "48"}, tensors),
+        "layout": ({**meta, "fastllm.quant_layout": "other"}, tensors),
+        "missing tensor": (
+            meta, {k: v for k, v in tensors.items() if k != "layers.0.attn.o_proj.zeros"}
+        ),
+        "scales/zeros must be": (
+            meta, {**tensors, "layers.0.attn.o_proj.scales": torch.ones(3, 3)}
+        ),
+    }  # fmt: skip
+    for message, (metadata, state) in cases.items():
+        save_file(state, str(out / "model.safetensors"), metadata=metadata)
+        with pytest.raises(ModelLoadError, match=message) as info:
+            load_model(out, device="cpu")
+        assert "\n" not in str(info.value)
