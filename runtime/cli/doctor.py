@@ -43,8 +43,8 @@ def command(
 ) -> None:
     """Check torch/CUDA, every fast op against its reference, the model (load, GeGLU
     provenance, tokenizer, generation; every quantized linear against its dequantized
-    reference when FASTLLM_QUANTIZATION is set or the checkpoint is quantized), the database and optionally a /metrics scrape.
-    Exits 1 when any check fails."""
+    reference when FASTLLM_QUANTIZATION is set or the checkpoint is quantized), the database
+    and optionally a /metrics scrape. Exits 1 when any check fails."""
     from rich.console import Console
     from rich.table import Table
 

@@ -53,12 +53,21 @@ class QuantReport:
     rel_rms_error: float  # ||W - deq W|| / ||W||
 
 
+class QuantizedLinear(nn.Module):
+    """What every quantized projection offers beside `forward` and `weight` (the dequantized
+    fp32 matrix): the residual add the decoder layer folds into its float GEMMs."""
+
+    def add_to_(self, out: Tensor, x: Tensor) -> Tensor:
+        """out [T, out_features] += self(x), in place (the kernels cannot accumulate)."""
+        return out.add_(self(x))
+
+
 def _bf16_exact(t: Tensor) -> Tensor:
     """fp32 values that bf16 represents exactly (the kernel's scale dtype)."""
     return t.to(torch.bfloat16).float()
 
 
-class Int8Linear(nn.Module):
+class Int8Linear(QuantizedLinear):
     """y = x (s ⊙ Q)^T (+ b): Q int8 [out, in], one scale per output row."""
 
     method = "int8"
@@ -107,7 +116,7 @@ class Int8Linear(nn.Module):
         return y.reshape(*shape[:-1], self.out_features)
 
 
-class Int4Linear(nn.Module):
+class Int4Linear(QuantizedLinear):
     """y = x W^T (+ b) with W[n, k] = (q[n, k] - 8) * scale[g, n] + zero[g, n], g = k // group.
 
     `q` are 4-bit codes in torch's packed layout for its int4 kernel; `scales_zeros` is

@@ -9,15 +9,11 @@ setting is refused with a ConfigError before anything is quantized. The referenc
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor, nn
 
 from runtime.errors import ConfigError
-
-if TYPE_CHECKING:
-    from runtime.models.quant import QuantReport
+from runtime.models.quant import QuantizedLinear, QuantReport
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
@@ -39,7 +35,7 @@ def check_fp8_device(device: torch.device) -> None:
         )
 
 
-class Fp8Linear(nn.Module):
+class Fp8Linear(QuantizedLinear):
     method = "fp8"
     codes_t: Tensor  # [in, out] e4m3, a column-major view as `torch._scaled_mm` wants it
     scales: Tensor  # [1, out] fp32
@@ -62,8 +58,6 @@ class Fp8Linear(nn.Module):
         w = weight.float()
         scales = w.abs().amax(dim=1).clamp(min=1e-12) / FP8_MAX  # [out]
         codes = (w / scales[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-        from runtime.models.quant import QuantReport
-
         layer = cls(codes, scales, bias)
         diff = w - layer.weight
         return layer, QuantReport(

@@ -233,3 +233,13 @@ def test_a_quantized_checkpoint_with_bad_metadata_is_one_line_error(
         with pytest.raises(ModelLoadError, match=message) as info:
             load_model(out, device="cpu")
         assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_add_to_accumulates_the_layer_output_in_place(method: str) -> None:
+    weight, bias = _weights()
+    layer, _ = quantize_linear("l", weight, bias, method)
+    x = torch.randn(3, 96, generator=torch.Generator().manual_seed(3))
+    out = torch.ones(3, 128)
+    same = layer.add_to_(out, x)  # type: ignore[operator]
+    assert same is out and torch.equal(out, 1 + layer(x))
