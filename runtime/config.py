@@ -61,6 +61,16 @@ class Settings(BaseSettings):
     dtype: str = Field("float32", pattern="^(float32|bfloat16|float16)$")
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
     legacy_support: bool = False
+    quantization: str = Field(
+        "none",
+        pattern="^(none|int8|int4|fp8)$",
+        description="weight-only quantization of the decoder's linears at load: none | int8 | "
+        "int4 (group-wise) | fp8 (CUDA, compute capability >= 8.9)",
+    )
+    quant_group_size: int = Field(32, description="int4: input features per scale (32-256)")
+    num_threads: int = Field(
+        0, ge=0, le=1024, description="intra-op threads for model ops; 0: the physical cores"
+    )
     embedding_model_path: Path | None = Field(
         None, description="a BERT-family model served beside, for /v1/embeddings"
     )

@@ -20,9 +20,19 @@ DEFAULT_THRESHOLDS: dict[str, float] = {"float32": 1e-3, "float16": 1e-2, "bfloa
 AUDIT_QUERY = "SELECT COUNT(*) FROM inference_log WHERE ABS(output - expected) > :threshold"
 
 
-def default_threshold(dtype: str) -> float:
-    """Absolute-error threshold for a serving dtype ("float32" | "float16" | "bfloat16")."""
-    return DEFAULT_THRESHOLDS[dtype.removeprefix("torch.")]
+# weight-only quantized linears run their kernels on bf16 activations (runtime.models.quant), so
+# their production logits carry bf16-class rounding against the fp32 reference computed with the
+# same dequantized weights; fp8 also rounds the activations to e4m3 (3 mantissa bits)
+QUANTIZED_THRESHOLDS: dict[str, float] = {"int8": 5e-2, "int4": 5e-2, "fp8": 0.5}
+
+
+def default_threshold(dtype: str, quantization: str | None = None) -> float:
+    """Absolute-error threshold for a serving dtype ("float32" | "float16" | "bfloat16") and
+    weight quantization (None/"none", "int8", "int4", "fp8"): the looser of the two."""
+    threshold = DEFAULT_THRESHOLDS[dtype.removeprefix("torch.")]
+    if quantization and quantization != "none":
+        threshold = max(threshold, QUANTIZED_THRESHOLDS[quantization])
+    return threshold
 
 
 @dataclass(frozen=True)

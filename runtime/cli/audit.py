@@ -86,7 +86,7 @@ def command(
     if threshold is None:
         threshold = settings.verify_threshold
     if threshold is None:
-        threshold = default_threshold(dtype or settings.dtype)
+        threshold = default_threshold(dtype or settings.dtype, settings.quantization)
     since_ts = datetime.now(timezone.utc) - parse_since(since) if since else None
     engine = make_engine(database_url or settings.database_url)
     try:

@@ -12,6 +12,7 @@ Examples:
   fastllm convert --input old-models/gemma --output models/gemma --fix-geglu
   fastllm convert --input old-models/llama --output models/llama
   fastllm convert --input models/gemma --output models/gemma-2 --fix-geglu --force
+  fastllm convert --input models/llama --output models/llama-int4 --quantize int4
 """
 
 
@@ -37,8 +38,30 @@ Examples:
     "(w - mean) / (std + 1e-6).",
 )
 @click.option("--force", is_flag=True, help="Apply --fix-geglu even if the input already has it.")
+@click.option(
+    "--quantize",
+    type=click.Choice(["int8", "int4"]),
+    default=None,
+    help="Store the decoder's linear weights quantized (int8 per channel; int4 group-wise, "
+    "asymmetric). `fastllm serve` loads the result as it is.",
+)
+@click.option(
+    "--group-size",
+    type=click.Choice(["32", "64", "128", "256"]),
+    default="32",
+    show_default=True,
+    help="int4: input features per scale and zero.",
+)
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def command(input_dir: Path, output_dir: Path, fix_geglu: bool, force: bool, quiet: bool) -> None:
+def command(
+    input_dir: Path,
+    output_dir: Path,
+    fix_geglu: bool,
+    force: bool,
+    quantize: str | None,
+    group_size: str,
+    quiet: bool,
+) -> None:
     """Convert the checkpoint in --input to safetensors in --output, recording provenance
     (fastllm.geglu_fix, fastllm.source_sha256, fastllm.converted_from) in its metadata."""
     from rich.console import Console
@@ -60,9 +83,24 @@ def command(input_dir: Path, output_dir: Path, fix_geglu: bool, force: bool, qui
             progress.update(task, completed=index, total=total, name=name)
 
         result = convert_checkpoint(
-            input_dir, output_dir, fix_geglu=fix_geglu, force=force, on_tensor=on_tensor
+            input_dir,
+            output_dir,
+            fix_geglu=fix_geglu,
+            force=force,
+            on_tensor=on_tensor,
+            quantize=quantize,
+            group_size=int(group_size),
         )
     fixed = f", GeGLU fix on {len(result.fixed_tensors)} tensors" if result.fixed_tensors else ""
+    if result.quantization:
+        worst = max(result.quantization, key=lambda r: r.rel_rms_error)
+        packed = sum(r.weight_bytes for r in result.quantization)
+        dense = sum(r.float_bytes for r in result.quantization)
+        fixed += (
+            f", {len(result.quantization)} projections {quantize} ({dense / 2**20:.1f} MiB -> "
+            f"{packed / 2**20:.1f} MiB; worst relative RMS error {worst.rel_rms_error:.4f} in "
+            f"{worst.name})"
+        )
     click.echo(
         f"wrote {result.output / 'model.safetensors'}: {result.num_tensors} tensors from "
         f"{result.converted_from}{fixed} (source sha256 {result.source_sha256[:12]}…)"

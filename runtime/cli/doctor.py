@@ -42,8 +42,9 @@ def command(
     metrics_url: str | None,
 ) -> None:
     """Check torch/CUDA, every fast op against its reference, the model (load, GeGLU
-    provenance, tokenizer, generation), the database and optionally a /metrics scrape.
-    Exits 1 when any check fails."""
+    provenance, tokenizer, generation; every quantized linear against its dequantized
+    reference when FASTLLM_QUANTIZATION is set or the checkpoint is quantized), the database
+    and optionally a /metrics scrape. Exits 1 when any check fails."""
     from rich.console import Console
     from rich.table import Table
 
@@ -56,6 +57,7 @@ def command(
         device=settings.device,
         dtype=settings.dtype,
         legacy_support=settings.legacy_support,
+        quantization=settings.quantization,
         database_url=None if no_db else (database_url or settings.database_url),
         metrics_url=metrics_url,
     )

@@ -35,6 +35,18 @@ from runtime.errors import ModelLoadError
     default=None,
     help="capture the decode step per batch bucket on CUDA; default auto",
 )
+@click.option(
+    "--quantization",
+    type=click.Choice(["none", "int8", "int4", "fp8"]),
+    default=None,
+    help="weight-only quantization of the decoder linears at load (fp8: CUDA >= 8.9)",
+)
+@click.option(
+    "--num-threads",
+    type=click.IntRange(0, 1024),
+    default=None,
+    help="intra-op threads for model ops (0: the physical cores)",
+)
 def command(
     model_path: Path | None,
     host: str | None,
@@ -45,6 +57,8 @@ def command(
     log_level: str,
     compile_mode: str | None,
     cuda_graphs: str | None,
+    quantization: str | None,
+    num_threads: int | None,
 ) -> None:
     """Serve a model over the OpenAI-compatible API until SIGTERM (then drain and exit 0).
 
@@ -69,6 +83,8 @@ def command(
         admin_token=admin_token,
         compile=compile_mode,
         cuda_graphs=cuda_graphs,
+        quantization=quantization,
+        num_threads=num_threads,
     )
     for path in (settings.model_path, settings.canary_model_path, settings.embedding_model_path):
         if path is not None and not (Path(path) / "config.json").is_file():

@@ -59,6 +59,8 @@ def default_loader(config: EngineConfig) -> Callable[[], LoadedModel]:
             dtype=config.dtype,
             device=config.device,
             legacy_support=config.legacy_support,
+            quantization=config.quantization,
+            quant_group_size=config.quant_group_size,
         )
 
     return load

@@ -20,6 +20,11 @@ class EngineConfig:
     dtype: str = "float32"
     device: str = "auto"
     legacy_support: bool = False
+    quantization: str | None = None  # weight-only int8 | int4 | fp8 at load; None: float
+    quant_group_size: int = 32  # int4: input features per scale/zero
+    # intra-op threads of the engine loop's thread (set inside it: OpenMP's thread count is per
+    # thread); 0: the physical cores; None: leave what the thread inherits (offline use, tests)
+    num_threads: int | None = None
     max_num_seqs: int = 64  # upper bound of the batch (the adaptive limit never exceeds it)
     min_num_seqs: int = 1
     initial_num_seqs: int = 16
@@ -67,6 +72,9 @@ class EngineConfig:
             "dtype": settings.dtype,
             "device": settings.device,
             "legacy_support": settings.legacy_support,
+            "quantization": None if settings.quantization == "none" else settings.quantization,
+            "quant_group_size": settings.quant_group_size,
+            "num_threads": settings.num_threads,
             "max_num_seqs": settings.max_num_seqs,
             "min_num_seqs": settings.min_num_seqs,
             "initial_num_seqs": settings.initial_num_seqs,

@@ -29,6 +29,7 @@ from runtime.engine.request import TokenOutput
 from runtime.engine.scheduler import Scheduler, SchedulerOutput
 from runtime.engine.sequence import Sequence
 from runtime.engine.stats import AllocatorStats, RequestEvent, RequestStats, StatsSink, StepStats
+from runtime.engine.threads import apply_num_threads
 from runtime.errors import EngineInternalError, FastllmError, RequestTimeout
 from runtime.memory.host_heap import HeapTrimmer
 
@@ -65,6 +66,7 @@ class EngineCore:
         self.trimmer = HeapTrimmer(config.heap_trim_interval_s)
         self._stop = False
         self._thread: threading.Thread | None = None
+        self.num_threads = 0  # intra-op threads the loop thread runs with (set when it starts)
 
     # --- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -143,6 +145,10 @@ class EngineCore:
 
     # --- the loop --------------------------------------------------------------------------------
     def _loop(self) -> None:
+        # per thread (runtime.engine.threads): the main thread's setting does not reach this one
+        if self.config.num_threads is not None:
+            apply_num_threads(self.config.num_threads)
+        self.num_threads = torch.get_num_threads()
         while True:
             with self.lock:
                 if self._stop:

@@ -276,6 +276,12 @@ class Engine:
         """The allocator's live blocks; the KV pool appears as its pages by holder."""
         return self._parts.allocator.leak_report()
 
+    def weight_bytes(self) -> dict[str, int]:
+        """Resident weight bytes by storage format (int8, int4, fp8, or the float dtype)."""
+        from runtime.models.quantize import weight_bytes_by_format
+
+        return weight_bytes_by_format(self._parts.loaded.model)
+
     def kv_cache_stats(self) -> KVCacheStats:
         core = self._parts.core
         with core.lock:

@@ -40,8 +40,11 @@ def generate(
     params: SamplingParams,
     *,
     compile: str = "auto",
+    num_threads: int | None = None,
 ) -> list[GenerationResult]:
-    """`compile`: the engine's setting (auto | on | off); off decodes on the eager forward."""
+    """`compile`: the engine's setting (auto | on | off); off decodes on the eager forward.
+    `num_threads`: intra-op threads set inside the engine's loop thread (None: it inherits the
+    caller's count when it starts; 0: the physical cores)."""
     if not loaded.is_causal_lm:
         raise InvalidRequestError(f"{loaded.path} is an encoder model; it cannot generate text")
     tokenizer = loaded.tokenizer
@@ -60,7 +63,9 @@ def generate(
     ]
     if not prompt_ids:
         return []
-    config = replace(_offline_config(loaded, prompt_ids, params), compile=compile)
+    config = replace(
+        _offline_config(loaded, prompt_ids, params), compile=compile, num_threads=num_threads
+    )
     engine = Engine(config, loader=lambda: loaded)
     try:
         handles = [

@@ -16,12 +16,14 @@ import torch
 from torch import Tensor, nn
 
 from runtime.errors import ConfigError, ModelLoadError
+from runtime.models import quant_checkpoint
 from runtime.models.base import CausalLM
 from runtime.models.bert import BertEncoder
 from runtime.models.checkpoint import TensorSource, open_checkpoint
 from runtime.models.config import ModelArgs
 from runtime.models.gemma import GemmaForCausalLM
 from runtime.models.llama import LlamaForCausalLM
+from runtime.models.quantize import QuantizationSummary, quantize_model
 from runtime.models.weights import is_ignored, weight_table
 
 if TYPE_CHECKING:
@@ -52,6 +54,8 @@ class LoadedModel:
     path: Path
     is_legacy: bool = False  # loaded from pytorch_model.bin under legacy_support
     metadata: dict[str, str] = field(default_factory=dict)  # safetensors metadata (e.g. geglu fix)
+    # weight-only quantization applied at load (runtime.models.quantize); None: float weights
+    quantization: QuantizationSummary | None = None
     # fast decode steps built for this model, by (compile, cuda_graphs): runtime.models.fast
     fast_paths: dict[tuple[str, str], Any] = field(default_factory=dict, repr=False)
 
@@ -67,7 +71,11 @@ def load_model(
     device: str | torch.device = "auto",
     legacy_support: bool = False,
     load_tokenizer: bool = True,
+    quantization: str | None = None,
+    quant_group_size: int = 32,
 ) -> LoadedModel:
+    """`quantization` (int8 | int4 | fp8) quantizes the decoder's linears after the float load
+    (runtime.models.quantize); the summary records what it cost."""
     path = Path(path)
     if not path.is_dir():
         raise ModelLoadError(f"model directory {path} does not exist")
@@ -75,19 +83,37 @@ def load_model(
     torch_dtype = resolve_dtype(dtype)
     torch_device = resolve_device(device)
     source = open_checkpoint(path, legacy_support=legacy_support)
-    state = read_state(args, source, torch_dtype, torch_device)
+    stored = source.metadata.get(quant_checkpoint.META_METHOD)  # a `convert --quantize` output
+    if stored and quantization not in (None, "none", stored):
+        raise ConfigError(
+            f"{path} holds {stored} weights; quantization {quantization!r} cannot apply to them "
+            f"(use none or {stored}, or quantize the float checkpoint)",
+            param="quantization",
+        )
+    state = read_state(args, source, torch_dtype, torch_device, prequantized=bool(stored))
     with torch.device("meta"):
         model = MODEL_CLASSES[args.arch](args)
+    summary = None
+    if stored:
+        summary = quant_checkpoint.install_quantized(
+            model, args, source.get, set(source.names()), source.metadata, torch_device
+        )
     model.load_state_dict(state, strict=True, assign=True)
     model.eval().requires_grad_(False)
+    if not stored and quantization is not None and quantization != "none":
+        if not isinstance(model, CausalLM):
+            raise ConfigError("quantization applies to causal LMs only", param="quantization")
+        summary = quantize_model(model, quantization, group_size=quant_group_size)
     tokenizer = None
     if load_tokenizer:
         from runtime.models.tokenizer import Tokenizer  # lazy: heavy, and optional in tests
 
         tokenizer = Tokenizer.from_dir(path)
-    return LoadedModel(
+    loaded = LoadedModel(
         model, args, tokenizer, torch_device, torch_dtype, path, source.is_legacy, source.metadata
     )
+    loaded.quantization = summary
+    return loaded
 
 
 def read_args(path: Path) -> ModelArgs:
@@ -119,10 +145,22 @@ def resolve_device(device: str | torch.device) -> torch.device:
 
 
 def read_state(
-    args: ModelArgs, source: TensorSource, dtype: torch.dtype, device: torch.device
+    args: ModelArgs,
+    source: TensorSource,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    prequantized: bool = False,
 ) -> dict[str, Tensor]:
+    """Float tensors by parameter name. `prequantized`: the projections' weights are stored
+    quantized (runtime.models.quant_checkpoint) and are installed separately."""
     table = weight_table(args)
-    present = set(source.names())
+    if prequantized:
+        replaced = {
+            n for names in quant_checkpoint.projection_sources(args).values() for n in names
+        }
+        table = [e for e in table if e.hf_name not in replaced]
+    present = {n for n in source.names() if not quant_checkpoint.is_quantized_tensor(n)}
     missing = [e.hf_name for e in table if e.hf_name not in present]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""

@@ -25,6 +25,7 @@ def preflight(settings: Settings) -> None:
     if settings.storage_enabled:
         _check_storage(settings)
     _check_device(settings.device)
+    _check_quantization(settings)
 
 
 def _check_storage(settings: Settings) -> None:
@@ -72,3 +73,27 @@ def _check_device(device: str) -> None:
             raise _invalid("device", f"{device!r} requested but this machine has {found}", expected)
     if device == "mps" and not torch.backends.mps.is_available():
         raise _invalid("device", "'mps' requested but MPS is not available", expected)
+
+
+def _check_quantization(settings: Settings) -> None:
+    """fp8 runs only on CUDA of compute capability 8.9+; int4's group must be a kernel's."""
+    import torch
+
+    from runtime.models.quant import INT4_GROUP_SIZES
+
+    if settings.quantization == "fp8":
+        from runtime.models.quant_fp8 import check_fp8_device
+
+        device = settings.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        try:
+            check_fp8_device(torch.device(device))
+        except ConfigError as exc:
+            raise _invalid("quantization", exc.message, "none, int8 or int4 here") from None
+    if settings.quantization == "int4" and settings.quant_group_size not in INT4_GROUP_SIZES:
+        raise _invalid(
+            "quant_group_size",
+            f"{settings.quant_group_size} is not a group size torch's int4 kernel takes",
+            ", ".join(map(str, INT4_GROUP_SIZES)),
+        )

@@ -36,7 +36,7 @@ def policy_from_settings(settings: Any) -> RolloutPolicy:
     if threshold is None:
         from storage.audit import default_threshold
 
-        threshold = default_threshold(settings.dtype)
+        threshold = default_threshold(settings.dtype, settings.quantization)
     return RolloutPolicy(
         window_s=settings.rollout_window_s,
         min_requests=settings.rollout_min_requests,

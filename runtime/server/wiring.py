@@ -122,7 +122,7 @@ def anomaly_threshold(settings: Settings) -> float:
 
     if settings.verify_threshold is not None:
         return settings.verify_threshold
-    return default_threshold(settings.dtype)
+    return default_threshold(settings.dtype, settings.quantization)
 
 
 def attach_verification(state: ServerState) -> None:

@@ -291,6 +291,14 @@ class ReplicaSet:
     def leak_report(self) -> list[LiveBlock]:
         return [block for engine in self._per_device() for block in engine.leak_report()]
 
+    def weight_bytes(self) -> dict[str, int]:
+        """Every replica's weights (each loads its own copy), by storage format."""
+        total: dict[str, int] = {}
+        for engine in self.replicas:
+            for fmt, nbytes in engine.weight_bytes().items():
+                total[fmt] = total.get(fmt, 0) + nbytes
+        return total
+
     def kv_cache_stats(self) -> KVCacheStats:
         """Every replica's page pool (each has its own) as one."""
         return KVCacheStats.total([engine.kv_cache_stats() for engine in self.replicas])

@@ -32,9 +32,12 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from runtime.errors import ConfigError, ModelLoadError
+from runtime.models import quant_checkpoint
 from runtime.models.checkpoint import open_checkpoint, safetensors_files
 from runtime.models.config import ModelArgs
 from runtime.models.loader import read_args
+from runtime.models.quant import INT4_GROUP_SIZES, QuantReport
+from runtime.models.quant_checkpoint import quantize_tensors
 
 META_GEGLU_FIX = "fastllm.geglu_fix"
 META_SOURCE_SHA256 = "fastllm.source_sha256"
@@ -55,6 +58,7 @@ class ConvertResult:
     num_tensors: int
     fixed_tensors: tuple[str, ...]  # names the GeGLU fix rewrote in this run
     geglu_fix: bool  # metadata value written (True also when an ancestor applied it)
+    quantization: tuple[QuantReport, ...] = ()  # per quantized projection, what it cost
 
 
 def uses_geglu(args: ModelArgs) -> bool:
@@ -103,10 +107,13 @@ def convert_checkpoint(
     fix_geglu: bool = False,
     force: bool = False,
     on_tensor: Callable[[str, int, int], None] | None = None,
+    quantize: str | None = None,
+    group_size: int = 32,
 ) -> ConvertResult:
     """Convert `input_dir` into `output_dir` (created). `on_tensor(name, index, total)` reports
-    progress. Raises ConfigError for a refused request, ModelLoadError / UnsafeCheckpointError
-    for an unreadable input."""
+    progress. `quantize` (int8 | int4) stores the decoder projections quantized
+    (runtime.models.quant_checkpoint). Raises ConfigError for a refused request,
+    ModelLoadError / UnsafeCheckpointError for an unreadable input."""
     src, dst = Path(input_dir), Path(output_dir)
     if not src.is_dir():
         raise ConfigError(f"input {src} is not a directory", param="input")
@@ -142,6 +149,27 @@ def convert_checkpoint(
     names = source.names()
     tensors: dict[str, Tensor] = {}
     fixed: list[str] = []
+    reports: list[QuantReport] = []
+    if quantize is not None:
+        check_quantize(args, previous, quantize, group_size)
+
+        def fixed_tensor(name: str) -> Tensor:
+            tensor = source.get(name)
+            return geglu_fix(tensor) if name in targets else tensor
+
+        quantized, reports, replaced = quantize_tensors(
+            args, fixed_tensor, quantize, group_size, on_tensor
+        )
+        tensors.update(quantized)
+        names = [n for n in names if n not in replaced]
+        fixed = sorted(targets & replaced)
+        metadata.update(
+            {
+                quant_checkpoint.META_METHOD: quantize,
+                quant_checkpoint.META_GROUP: str(group_size),
+                quant_checkpoint.META_LAYOUT: quant_checkpoint.LAYOUT,
+            }
+        )
     for index, name in enumerate(names):
         tensor = source.get(name)
         if name in targets:
@@ -163,7 +191,24 @@ def convert_checkpoint(
         num_tensors=len(tensors),
         fixed_tensors=tuple(fixed),
         geglu_fix=metadata[META_GEGLU_FIX] == "1",
+        quantization=tuple(reports),
     )
+
+
+def check_quantize(args: ModelArgs, metadata: dict[str, str], method: str, group: int) -> None:
+    if args.arch == "bert":
+        raise ConfigError("--quantize applies to causal LMs only", param="quantize")
+    if metadata.get(quant_checkpoint.META_METHOD):
+        raise ConfigError(
+            f"the input is already quantized ({metadata[quant_checkpoint.META_METHOD]})",
+            param="quantize",
+        )
+    if method not in ("int8", "int4"):
+        raise ConfigError(f"--quantize takes int8 or int4, not {method!r}", param="quantize")
+    if method == "int4" and group not in INT4_GROUP_SIZES:
+        raise ConfigError(
+            f"--group-size {group}: int4 takes one of {list(INT4_GROUP_SIZES)}", param="group_size"
+        )
 
 
 def _copy_side_files(src: Path, dst: Path) -> None:

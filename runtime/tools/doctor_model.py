@@ -31,7 +31,11 @@ def check_model(options: DoctorOptions, device: torch.device) -> list[CheckResul
     name = f"model loads ({path})"
     try:
         loaded = load_model(
-            path, dtype=options.dtype, device=device, legacy_support=options.legacy_support
+            path,
+            dtype=options.dtype,
+            device=device,
+            legacy_support=options.legacy_support,
+            quantization=options.quantization,
         )
     except FastllmError as exc:
         fix = (
@@ -41,7 +45,8 @@ def check_model(options: DoctorOptions, device: torch.device) -> list[CheckResul
             else "check the directory (config.json, weights, tokenizer.json); "
             "`fastllm make-demo-model DIR` builds a known-good one"
         )
-        rest = [CheckResult(n, SKIP, "the model did not load") for n in (*_MODEL_CHECKS, FAST)]
+        skipped = (*_MODEL_CHECKS, FAST, QUANT)
+        rest = [CheckResult(n, SKIP, "the model did not load") for n in skipped]
         return [CheckResult(name, FAIL, exc.message, fix), *rest]
     args = loaded.args
     legacy = " (legacy pytorch_model.bin)" if loaded.is_legacy else ""
@@ -52,10 +57,13 @@ def check_model(options: DoctorOptions, device: torch.device) -> list[CheckResul
         check_tokenizer(loaded),
         check_generation(loaded),
         check_fast_path(loaded),
+        check_quantized(loaded),
     ]
 
 
 _MODEL_CHECKS = ("GeGLU weights normalised", "tokenizer round trip and ranges", "model generates")
+QUANT = "quantized linears vs their dequantized reference"
+QUANT_REL_TOL = 1e-2  # the kernels round activations to bf16 (runtime.models.quant)
 
 
 def check_geglu_provenance(loaded: LoadedModel) -> CheckResult:
@@ -122,3 +130,34 @@ def check_generation(loaded: LoadedModel) -> CheckResult:
         detail = f"{result.completion_tokens} tokens instead of {params.max_tokens}"
         return CheckResult(name, FAIL, detail, "see the op checks above")
     return CheckResult(name, PASS, f"{result.completion_tokens} tokens greedy")
+
+
+def check_quantized(loaded: LoadedModel) -> CheckResult:
+    """Each quantized linear on random rows against the fp32 product with its own dequantized
+    weights: a wrong kernel (or a packing it misreads) shows here, quantization error cannot."""
+    import torch.nn.functional as F
+
+    summary = loaded.quantization
+    if summary is None:
+        return CheckResult(QUANT, SKIP, "float weights")
+    worst, worst_name = 0.0, ""
+    gen = torch.Generator().manual_seed(0)
+    for name, module in loaded.model.named_modules():
+        if getattr(module, "method", None) not in ("int8", "int4", "fp8"):
+            continue
+        in_f = module.in_features
+        x = torch.randn(4, in_f, generator=gen).to(device=loaded.device, dtype=loaded.dtype)
+        with torch.inference_mode():
+            want = F.linear(x.float(), module.weight, None)
+            got = module(x).float() - (0 if module.bias is None else module.bias.float())
+        err = float((got - want).abs().max() / want.abs().max().clamp(min=1e-12))
+        if err > worst:
+            worst, worst_name = err, name
+    detail = (
+        f"{len(summary.layers)} {summary.method} layers, worst relative error {worst:.1e} "
+        f"({worst_name or 'none'})"
+    )
+    if worst > QUANT_REL_TOL:
+        fix = "the quantized kernel is wrong on this device/torch: serve with quantization none"
+        return CheckResult(QUANT, FAIL, detail, fix)
+    return CheckResult(QUANT, PASS, detail)

@@ -24,6 +24,7 @@ class DoctorOptions:
     device: str = "auto"
     dtype: str = "float32"
     legacy_support: bool = False
+    quantization: str = "none"  # int8 | int4 | fp8 at load (a quantized checkpoint is as stored)
     database_url: str | None = None  # None: no database check
     metrics_url: str | None = None  # None: no scrape check
 

@@ -31,6 +31,7 @@ from torch import nn
 
 from runtime.engine.reasons import FinishReason
 from runtime.engine.stats import StatsSink, VerificationResult
+from runtime.engine.threads import apply_num_threads
 from runtime.verify.probes import probe_ops
 from runtime.verify.reference import reference_forward
 
@@ -106,8 +107,11 @@ class Verifier:
         max_batch: int = 32,
         on_drop: Callable[[int], None] | None = None,
         autostart: bool = True,
+        num_threads: int | None = None,
     ) -> None:
         self.sink = sink
+        # applied inside the worker (runtime.engine.threads); None: what the thread inherits
+        self.num_threads = num_threads
         self.sample_rate = sample_rate
         self.max_batch = max_batch  # jobs verified together in one packed reference forward
         self._on_drop = on_drop
@@ -134,6 +138,7 @@ class Verifier:
             sample_rate=settings.verify_sample_rate,
             queue_size=settings.verify_queue_size,
             autostart=autostart,
+            num_threads=settings.num_threads,
         )
 
     # --- the engine side: cheap, never blocks, never raises -------------------------------------
@@ -182,6 +187,8 @@ class Verifier:
 
     # --- the worker -----------------------------------------------------------------------------
     def _run(self) -> None:
+        if self.num_threads is not None:  # OpenMP's count is per thread
+            apply_num_threads(self.num_threads)
         while True:
             jobs = self._take()
             if not jobs:

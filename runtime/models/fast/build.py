@@ -105,6 +105,9 @@ def get_fast_path(loaded: LoadedModel, options: FastPathOptions) -> FastPath | N
     plan = plan_fast_path(options, loaded.device)
     if plan is None or not isinstance(loaded.model, CausalLM):
         return None
+    if loaded.quantization is not None:
+        return None  # the fused step reads float `weight_t`; quantized linears run eager
+
     key = (options.compile, options.cuda_graphs)
     with _build_lock:
         cached: FastPath | None = loaded.fast_paths.get(key)

@@ -37,6 +37,9 @@ class MemoryReport(BaseModel):
     # per request, shared, cached, free)
     allocators: list[dict[str, Any]]
     kv_caches: list[dict[str, Any]]  # one per model version: page counts, prefix-cache counts
+    # one per model version: quantization and resident weight bytes by format (int8, int4, fp8
+    # or the float dtype)
+    weights: list[dict[str, Any]] = []
 
 
 def _loaded_engines(request: Request) -> list[tuple[str, str, Any]]:
@@ -65,10 +68,20 @@ async def set_batch_policy(body: BatchPolicyRequest, request: Request) -> BatchP
 @router.get("/memory", response_model=MemoryReport)
 async def memory(request: Request) -> MemoryReport:
     seen: set[str] = set()
-    allocators, kv_caches = [], []
+    allocators, kv_caches, weights = [], [], []
     for model, version, engine in _loaded_engines(request):
         kv = engine.kv_cache_stats()
         kv_caches.append({"model": model, "version": version, **asdict(kv)})
+        summary = engine.loaded.quantization
+        weights.append(
+            {
+                "model": model,
+                "version": version,
+                "quantization": summary.method if summary else "none",
+                "group_size": summary.group_size if summary else None,
+                "bytes_by_format": engine.weight_bytes(),
+            }
+        )
         stats = engine.allocator_stats()
         if stats.device in seen:  # engines on one device share its allocator
             continue
@@ -83,4 +96,4 @@ async def memory(request: Request) -> MemoryReport:
                 "live_blocks": [asdict(b) for b in engine.leak_report()],
             }
         )
-    return MemoryReport(allocators=allocators, kv_caches=kv_caches)
+    return MemoryReport(allocators=allocators, kv_caches=kv_caches, weights=weights)

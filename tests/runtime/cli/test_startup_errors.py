@@ -88,3 +88,23 @@ def test_other_list_settings_take_a_comma_list_too(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("FASTLLM_LATENCY_BUCKETS_S", "0.1,fast")
     with pytest.raises(ConfigError, match=r"latency_buckets_s\[1\] \(FASTLLM_LATENCY_BUCKETS_S"):
         load_settings()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+@pytest.mark.parametrize(
+    ("env", "setting", "says"),
+    [
+        ({"FASTLLM_QUANTIZATION": "fp8"}, "quantization", "compute capability"),
+        ({"FASTLLM_QUANTIZATION": "int3"}, "quantization", "should match"),
+        ({"FASTLLM_QUANTIZATION": "int4", "FASTLLM_QUANT_GROUP_SIZE": "48"}, "quant_group_size",
+         "group size"),
+        ({"FASTLLM_NUM_THREADS": "-1"}, "num_threads", "greater than or equal"),
+    ],
+)  # fmt: skip
+def test_quantization_settings_that_cannot_work_here(
+    serve: Callable[..., tuple[int, str]], env: dict[str, str], setting: str, says: str
+) -> None:
+    code, err = serve(**env)
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith(f"error: invalid setting {setting}"), err
+    assert says in err and "Traceback" not in err

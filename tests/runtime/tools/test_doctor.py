@@ -134,3 +134,22 @@ def test_metrics_scrape(metrics_server: Callable[[CollectorRegistry], str]) -> N
     result = check_metrics(metrics_server(other))
     assert result.status == FAIL and "no fastllm_* metrics" in result.detail
     assert check_metrics("http://127.0.0.1:9/metrics").status == FAIL  # nothing listens
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_doctor_compares_every_quantized_linear_with_its_reference(
+    method: str, demo_model_dir: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runtime.models.quant import Int4Linear, Int8Linear
+
+    options = DoctorOptions(model_path=demo_model_dir("llama"), quantization=method)
+    results = run_checks(options)
+    assert _failed(results) == {}
+    check = next(r for r in results if r.name.startswith("quantized linears"))
+    assert check.status == PASS and f"{method} layers" in check.detail
+    # a kernel that is off by 2% fails, naming the check
+    layer_cls = Int4Linear if method == "int4" else Int8Linear
+    intact = layer_cls.forward
+    monkeypatch.setattr(layer_cls, "forward", lambda self, x: intact(self, x) * 1.02)
+    failed = _failed(run_checks(options))
+    assert "quantized linears vs their dequantized reference" in failed

@@ -1,0 +1,114 @@
+"""Quantize a loaded causal LM's decoder linears in place (`quantization` setting, `--quantize`).
+
+Only the decoder layers' projections are quantized (QKV, O, gate/up, down): they hold ~all of a
+step's weight bytes at batch 1 beyond the embedding table, which stays in the serving dtype
+(it is a gather, not a GEMM, and on tied models it is also the LM head, where quantization error
+lands directly on the logits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from runtime.errors import ConfigError
+from runtime.models.layers import Linear
+from runtime.models.quant import METHODS, QuantReport, quantize_linear
+
+PROJECTIONS = ("attn.qkv_proj", "attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+
+
+@dataclass
+class QuantizationSummary:
+    method: str  # int8 | int4 | fp8
+    group_size: int  # int4's group; int8/fp8: per output channel (0 here)
+    layers: list[QuantReport] = field(default_factory=list)
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(r.weight_bytes for r in self.layers)
+
+    @property
+    def float_bytes(self) -> int:
+        return sum(r.float_bytes for r in self.layers)
+
+    @property
+    def fallbacks(self) -> list[str]:
+        """Layers stored in another format than asked (int4 groups that cannot tile them)."""
+        return [r.name for r in self.layers if r.method != self.method]
+
+    @property
+    def max_abs_error(self) -> float:
+        return max((r.max_abs_error for r in self.layers), default=0.0)
+
+    @property
+    def rel_rms_error(self) -> float:
+        """The worst layer's relative RMS error (what quantization itself cost)."""
+        return max((r.rel_rms_error for r in self.layers), default=0.0)
+
+
+def check_method(method: str) -> None:
+    if method not in METHODS:
+        raise ConfigError(
+            f"unknown quantization {method!r}; use one of {', '.join(METHODS)} (or none)",
+            param="quantization",
+        )
+
+
+def method_for(method: str, in_features: int, group_size: int) -> str:
+    """int4's groups must tile a layer's input features; a layer they cannot tile is int8."""
+    if method == "int4" and in_features % group_size:
+        return "int8"
+    return method
+
+
+@torch.inference_mode()
+def quantize_model(model: nn.Module, method: str, *, group_size: int = 32) -> QuantizationSummary:
+    """Replace each decoder projection (`layers.L.<proj>`) by its quantized form."""
+    check_method(method)
+    layers = getattr(model, "layers", None)
+    if layers is None:
+        raise ConfigError("quantization applies to causal LMs only", param="quantization")
+    summary = QuantizationSummary(method, group_size if method == "int4" else 0)
+    for idx, layer in enumerate(layers):
+        for path in PROJECTIONS:
+            parent_name, attr = path.split(".")
+            parent = getattr(layer, parent_name)
+            linear = getattr(parent, attr)
+            if not isinstance(linear, Linear):
+                continue  # already quantized (a packed checkpoint)
+            name = f"layers.{idx}.{path}"
+            bias = None if linear.bias is None else linear.bias.detach().clone()
+            weight = linear.weight.detach()
+            layer_method = method_for(method, weight.shape[1], group_size)
+            quantized, report = quantize_linear(
+                name, weight, bias, layer_method, group_size=group_size
+            )
+            setattr(parent, attr, quantized)
+            summary.layers.append(report)
+    return summary
+
+
+def is_quantized(model: nn.Module) -> bool:
+    return any(getattr(m, "method", None) in METHODS for m in model.modules())
+
+
+def weight_bytes_by_format(model: nn.Module) -> dict[str, int]:
+    """Resident weight bytes per storage format (`int8`, `int4`, `fp8`, or the float dtype)."""
+    out: dict[str, int] = {}
+    seen: set[int] = set()
+    for module in model.modules():
+        method = getattr(module, "method", None)
+        if method in METHODS:
+            out[method] = out.get(method, 0) + int(module.weight_bytes)  # type: ignore[arg-type]
+            seen.update(id(b) for b in module.buffers())
+            seen.update(id(p) for p in module.parameters())
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        if id(tensor) in seen or tensor.device.type == "meta":
+            continue
+        seen.add(id(tensor))
+        key = str(tensor.dtype).removeprefix("torch.")
+        out[key] = out.get(key, 0) + tensor.nbytes
+    return out
