@@ -39,6 +39,7 @@ class KVSpace(Protocol):
 
     def allocate(self, seq_id: str, token_ids: Seq[int]) -> SequenceKV: ...
     def ensure(self, kv: SequenceKV, num_new_tokens: int) -> bool: ...
+    def fork(self, parent: SequenceKV, seq_id: str) -> SequenceKV | None: ...
     def pages_for(self, num_tokens: int) -> int: ...
     def num_available_pages(self) -> int: ...
     def count_prefix_query(self, num_tokens: int, num_hit_tokens: int) -> None: ...
@@ -98,9 +99,11 @@ class Scheduler:
     def num_running(self) -> int:
         return len(self.running)
 
-    def admission_refusal(self, num_prompt_tokens: int) -> str | None:
-        """Why a new request cannot join the waiting queue now, or None if it can."""
-        if len(self.waiting) >= self.config.max_queued_requests:
+    def admission_refusal(self, num_prompt_tokens: int, num_seqs: int = 1) -> str | None:
+        """Why a new request cannot join the waiting queue now, or None if it can. A request
+        with n choices counts as n sequences (its prompt's tokens once: one prefill)."""
+        queued = len(self.waiting) + sum(len(s.pending_forks) for s in self.waiting)
+        if queued + num_seqs > max(self.config.max_queued_requests, num_seqs):
             return f"waiting queue is full ({self.config.max_queued_requests} requests)"
         if self.num_queued_tokens + num_prompt_tokens > self.config.max_queued_tokens:
             return f"waiting queue holds too many tokens ({self.num_queued_tokens} queued)"
@@ -133,6 +136,8 @@ class Scheduler:
             and not out.num_preempted
         ):
             seq = self.waiting[0]
+            if self.running and len(self.running) + seq.num_seqs > max_num_seqs:
+                break  # its choices would overrun the batch cap (alone, it may start)
             admitted = self._admit(seq, budget)
             if admitted is None:
                 self.num_holds += 1
@@ -208,6 +213,23 @@ class Scheduler:
     @staticmethod
     def _is_decode(seq: Sequence, num_tokens: int) -> bool:
         return num_tokens == 1 and seq.num_pending_tokens == 1 and bool(seq.output_token_ids)
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Start a choice of `parent`'s request right after its prefill, sharing its block table
+        (runtime.engine.choices); with no page for the fork it is queued at the front like a
+        preempted sequence, to recompute from the prefix cache."""
+        assert parent.kv is not None
+        child.arrival_index = parent.arrival_index
+        child.stats.scheduled_ts = parent.stats.scheduled_ts  # no second prefix-cache query
+        kv = self.kv.fork(parent.kv, child.request_id)
+        if kv is None:
+            child.status, child.num_computed_tokens = SequenceStatus.WAITING, 0
+            self.waiting.appendleft(child)
+            self.num_queued_tokens += child.num_prompt_tokens
+            return
+        child.kv, child.status = kv, SequenceStatus.RUNNING
+        child.num_computed_tokens = kv.num_tokens
+        bisect.insort(self.running, child, key=lambda s: s.arrival_index)
 
     def finish(self, seq: Sequence) -> None:
         """Take a sequence out (finished, cancelled, failed) and free its KV at once."""
