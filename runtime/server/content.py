@@ -30,7 +30,7 @@ def _refuse_other_parts(value: Any) -> Any:
             if isinstance(kind, str) and kind != "text":
                 raise PydanticCustomError(
                     UNSUPPORTED,
-                    "content part type {part_type!r} is not supported by this server "
+                    "content part type '{part_type}' is not supported by this server "
                     "(only text parts)",
                     {"field": "messages", "part_type": kind[:64]},
                 )
