@@ -39,6 +39,7 @@ class ChoiceGroup:
             return None
         stats = self.members[0].stats
         stats.completion_tokens = sum(len(m.output_token_ids) for m in self.members)
+        stats.longest_choice_tokens = max(len(m.output_token_ids) for m in self.members)
         stats.batch_size = max(m.stats.batch_size for m in self.members)
         stats.finished_ts = max(m.stats.finished_ts or 0.0 for m in self.members) or None
         failure = next(

@@ -87,13 +87,15 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last one is the newest
         self.num_queued_tokens = 0  # prompt tokens in `waiting`
+        self.num_queued_forks = 0  # choices waiting on a queued sequence's prefill (n > 1)
         self.num_holds = 0  # steps whose queue head found no KV room
         self.num_preemptions = 0
         self._num_admitted = 0
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        """Sequences waiting: each choice of a request with n > 1 counts."""
+        return len(self.waiting) + self.num_queued_forks
 
     @property
     def num_running(self) -> int:
@@ -102,8 +104,7 @@ class Scheduler:
     def admission_refusal(self, num_prompt_tokens: int, num_seqs: int = 1) -> str | None:
         """Why a new request cannot join the waiting queue now, or None if it can. A request
         with n choices counts as n sequences (its prompt's tokens once: one prefill)."""
-        queued = len(self.waiting) + sum(len(s.pending_forks) for s in self.waiting)
-        if queued + num_seqs > max(self.config.max_queued_requests, num_seqs):
+        if self.num_waiting + num_seqs > max(self.config.max_queued_requests, num_seqs):
             return f"waiting queue is full ({self.config.max_queued_requests} requests)"
         if self.num_queued_tokens + num_prompt_tokens > self.config.max_queued_tokens:
             return f"waiting queue holds too many tokens ({self.num_queued_tokens} queued)"
@@ -114,6 +115,7 @@ class Scheduler:
         seq.arrival_index = self._num_admitted
         self._num_admitted += 1
         self.waiting.append(seq)
+        self.num_queued_forks += len(seq.pending_forks)
         self.num_queued_tokens += seq.num_prompt_tokens
 
     def kv_stats(self) -> KVCacheStats:
@@ -186,6 +188,7 @@ class Scheduler:
             self.kv.free(seq.request_id)
             return None
         self.waiting.popleft()
+        self.num_queued_forks -= len(seq.pending_forks)
         self.num_queued_tokens -= seq.num_prompt_tokens
         if seq.stats.scheduled_ts is None:  # first schedule: the prompt's prefix-cache lookup
             self.kv.count_prefix_query(seq.num_prompt_tokens, kv.num_cached_tokens)
@@ -235,6 +238,7 @@ class Scheduler:
         """Take a sequence out (finished, cancelled, failed) and free its KV at once."""
         if seq.status is SequenceStatus.WAITING and seq in self.waiting:
             self.waiting.remove(seq)
+            self.num_queued_forks -= len(seq.pending_forks)
             self.num_queued_tokens -= seq.num_prompt_tokens
         elif seq.status is SequenceStatus.RUNNING and seq in self.running:
             self.running.remove(seq)
@@ -250,6 +254,7 @@ class Scheduler:
         self.num_preemptions += 1
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
+        self.num_queued_forks += len(seq.pending_forks)
         self.num_queued_tokens += seq.num_prompt_tokens
 
     def _free(self, seq: Sequence) -> None:

@@ -134,8 +134,15 @@ def test_one_record_per_request_with_n_and_every_choices_tokens(demo_model_dir: 
         engine.shutdown(drain_timeout_s=1.0)
         records = [r for r in sink.finished if r.request_id == "rec"]
         assert len(records) == 1
-        assert records[0].n == 3 and records[0].completion_tokens == 15
-        assert records[0].finished_reason == "length"
+        record = records[0]
+        assert (
+            record.n == 3 and record.completion_tokens == 15 and record.longest_choice_tokens == 5
+        )
+        assert record.finished_reason == "length"
+        # the three choices decode side by side: time per token divides by one choice's steps
+        assert record.first_token_ts is not None and record.finished_ts is not None
+        expected_tpot = (record.finished_ts - record.first_token_ts) / 4
+        assert record.tpot_seconds == pytest.approx(expected_tpot)
     finally:
         engine.shutdown()
 
@@ -202,6 +209,7 @@ def test_admission_counts_each_choice_as_a_sequence(demo_model_dir: object) -> N
         one = engine.submit(request("one", PROMPT[:10], _sampled(max_tokens=20)))
         assert hooks().entered.wait(5)  # "one" is in the forward; the queue is empty
         four = engine.submit(request("four", PROMPT, _sampled(n=4, max_tokens=3, seed=5)))
+        assert engine.num_waiting == 4  # the gauge's count: each choice a sequence
         with pytest.raises(Overloaded):  # four queued sequences + two more > 4
             engine.submit(request("two", PROMPT, _sampled(n=2, max_tokens=3)))
         engine.submit(request("solo", PROMPT, _sampled(max_tokens=3))).cancel()  # 4 + 1 > 4?
