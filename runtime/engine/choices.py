@@ -16,38 +16,13 @@ of every choice summed. A cancel, timeout or failure of one choice ends them all
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
+from runtime.engine.choice_group import ChoiceGroup
 from runtime.engine.sequence import Sequence
 from runtime.engine.stats import RequestStats
 
 __all__ = ["ChoiceGroup", "make_choices", "with_forks"]
-
-
-@dataclass(eq=False)
-class ChoiceGroup:
-    members: list[Sequence]  # by index; members[0] holds the request's record
-    num_open: int
-
-    def open_members(self) -> list[Sequence]:
-        return [m for m in self.members if not m.is_closed]
-
-    def closed(self, seq: Sequence) -> RequestStats | None:
-        """A member closed: the request's record once it was the last one, else None."""
-        self.num_open -= 1
-        if self.num_open > 0:
-            return None
-        stats = self.members[0].stats
-        stats.completion_tokens = sum(len(m.output_token_ids) for m in self.members)
-        stats.longest_choice_tokens = max(len(m.output_token_ids) for m in self.members)
-        stats.batch_size = max(m.stats.batch_size for m in self.members)
-        stats.finished_ts = max(m.stats.finished_ts or 0.0 for m in self.members) or None
-        failure = next(
-            (m.stats.failure_reason for m in self.members if m.stats.failure_reason), None
-        )
-        if failure is not None:  # one failed choice fails the request
-            stats.failure_reason, stats.finished_reason = failure, None
-        return stats
 
 
 def make_choices(first: Sequence, build: Callable[[int, RequestStats], Sequence]) -> None:

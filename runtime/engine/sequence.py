@@ -23,7 +23,7 @@ from runtime.engine.stats import RequestEvent, RequestStats
 if TYPE_CHECKING:
     import torch
 
-    from runtime.engine.choices import ChoiceGroup
+    from runtime.engine.choice_group import ChoiceGroup
     from runtime.engine.stopping import StopChecker
     from runtime.memory.kv_cache import SequenceKV
 
@@ -56,7 +56,7 @@ class Sequence:
     # n / best_of (runtime.engine.choices): the choice this sequence is, its request's group,
     # and (on choice 0 until its prefill ends) the choices forked from it when it first samples
     index: int = 0
-    group: ChoiceGroup | None = None
+    group: ChoiceGroup[Sequence] | None = None
     pending_forks: list[Sequence] = field(default_factory=list)
     fork_token: int | None = None  # a forked choice's first token, sampled from choice 0's logits
     cumulative_logprob: float = 0.0  # of the sampled tokens, kept only when best_of > n
