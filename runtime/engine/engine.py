@@ -164,14 +164,6 @@ class Engine:
                 f"({kv_tokens} tokens)",
                 param="max_tokens",
             )
-        # n choices: the prompt's pages once, then each choice's own (a copied partial page)
-        grown = len(ids) + params.num_seqs * (params.max_tokens + parts.kv_cache.block_size)
-        if params.num_seqs > 1 and not parts.kv_cache_fits(grown):
-            raise InvalidRequestError(
-                f"{params.num_seqs} sequences of prompt + max_tokens do not fit in this server's "
-                f"KV cache ({kv_tokens} tokens)",
-                param="best_of" if params.best_of is not None else "n",
-            )
         if len(ids) > self.config.max_queued_tokens:
             raise InvalidRequestError(
                 f"prompt is longer than the queue bound ({self.config.max_queued_tokens} tokens)",

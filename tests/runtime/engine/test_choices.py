@@ -228,3 +228,30 @@ def test_admission_counts_each_choice_as_a_sequence(demo_model_dir: object) -> N
             assert step.num_running <= max(4, step.batch_size_limit)
     finally:
         engine.shutdown()
+
+
+def test_a_choice_with_no_page_for_its_fork_recomputes_and_samples_the_same(
+    demo_model_dir: object,
+) -> None:
+    params = _sampled(n=3, seed=77, max_tokens=6)
+    roomy, _ = make_engine(demo_model_dir("llama"), kv_block_size=16)  # type: ignore[operator]
+    try:
+        expected = _choices(roomy.submit(request("r", PROMPT, params)))
+        page_bytes = roomy._parts.kv_cache.bytes_per_page
+    finally:
+        roomy.shutdown()
+    sink = RecordingSink()
+    tight, _ = make_engine(
+        demo_model_dir("llama"),  # type: ignore[operator]
+        sink,
+        kv_block_size=16,
+        kv_cache_bytes=5 * page_bytes,  # the zero page + 4: the prompt's 3 and one fork's copy
+    )
+    try:
+        got = _choices(tight.submit(request("r", PROMPT, params)))
+        assert [got[i].token_ids for i in range(3)] == [expected[i].token_ids for i in range(3)]
+        # two choices were queued and recomputed their prompt's tail (the full pages were cached)
+        assert sum(s.num_prefill_tokens for s in sink.steps) > len(PROMPT)
+        assert live_owners(tight) == []
+    finally:
+        tight.shutdown()
