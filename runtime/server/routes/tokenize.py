@@ -6,8 +6,8 @@ server-side tokenizer here. Gated by the API keys as /v1 is (and read by the sam
               -> {"count", "max_model_len", "tokens", "token_strs": null}
     /detokenize {"model", "tokens"} -> {"prompt"}
 
-`model` may be left out when the server serves one model. Nothing runs on the engine: these are
-not requests of the inference_log.
+`model` may be left out: the default model (`served_model_name`, else the first). Nothing runs on
+the engine: these are not requests of the inference_log.
 """
 
 from __future__ import annotations
@@ -33,13 +33,15 @@ class _Body(BaseModel):
     model: str | None = Field(None, min_length=1, max_length=256)
 
 
-class TokenizeRequest(_Body):
-    prompt: str | None = Field(None, description="text to tokenize (or `messages`)")
-    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=1024)] | None = None
-    add_special_tokens: bool | None = Field(
-        None, description="default true for `prompt`, false for `messages` (as vLLM)"
-    )
+class TokenizeCompletionRequest(_Body):
+    prompt: str
+    add_special_tokens: bool = True
+
+
+class TokenizeChatRequest(_Body):
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=1024)]
     add_generation_prompt: bool = True
+    add_special_tokens: bool = Field(False, description="the chat template has its own")
 
 
 class TokenizeResponse(BaseModel):
@@ -59,32 +61,24 @@ class DetokenizeResponse(BaseModel):
 
 def _route(request: Request, model: str | None) -> Route:
     state = get_state(request)
-    if model is None:
-        names = state.router.model_names
-        if len(names) != 1:
-            raise InvalidRequestError(
-                "model is required: this server serves several", param="model"
-            )
-        model = names[0]
+    if model is None:  # the default model, as the legacy /predict picks it
+        name = state.settings.served_model_name
+        model = name if name in state.router.routes else state.router.model_names[0]
     return state.router.pick(model)
 
 
 @router.post("/tokenize", response_model=TokenizeResponse, responses=ERROR_RESPONSES)
-async def tokenize(body: TokenizeRequest, request: Request) -> Any:
-    if (body.prompt is None) == (body.messages is None):
-        raise InvalidRequestError("send exactly one of prompt and messages", param="prompt")
+async def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest, request: Request) -> Any:
     engine = _route(request, body.model).engine
     tokenizer = engine.tokenizer
-    if body.messages is not None:
+    if isinstance(body, TokenizeChatRequest):
         messages = [{"role": m.role, "content": m.text} for m in body.messages]
         text = tokenizer.apply_chat_template(
             messages, add_generation_prompt=body.add_generation_prompt
         )
-        special = bool(body.add_special_tokens)  # the template already has its own
     else:
-        assert body.prompt is not None
-        text, special = body.prompt, body.add_special_tokens is not False
-    ids = tokenizer.encode(text, add_special_tokens=special)
+        text = body.prompt
+    ids = tokenizer.encode(text, add_special_tokens=body.add_special_tokens)
     context = int(engine.loaded.args.max_position_embeddings)
     return {"count": len(ids), "max_model_len": context, "tokens": ids, "token_strs": None}
 

@@ -196,8 +196,10 @@ def test_tokenize_and_detokenize(served: LiveServer) -> None:
         )
         bad = http.post("/detokenize", json={"model": "llama", "tokens": [10**9]})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
-        several = http.post("/tokenize", json={"prompt": "x"})  # two models served: which?
-        assert several.status_code == 400 and several.json()["error"]["param"] == "model"
+        default = http.post("/tokenize", json={"prompt": text})  # no model: the default one
+        assert default.status_code == 200 and default.json()["count"] > 0
+        unknown = http.post("/tokenize", json={"model": "nope", "prompt": text})
+        assert unknown.status_code == 404
     anonymous = httpx.post(f"{served.url}/tokenize", json={"model": "llama", "prompt": "x"})
     assert anonymous.status_code == 401
     assert anonymous.json()["error"]["type"] == "authentication_error"
