@@ -255,3 +255,37 @@ def test_a_choice_with_no_page_for_its_fork_recomputes_and_samples_the_same(
         assert live_owners(tight) == []
     finally:
         tight.shutdown()
+
+
+def test_choices_through_a_replica_set_match_one_engine(demo_model_dir: object) -> None:
+    """A ReplicaSet hands the engine's n-choice handle through (sync and async consumers)."""
+    import asyncio
+
+    from runtime.serving.replicas import ReplicaSet
+
+    model_dir = demo_model_dir("llama")  # type: ignore[operator]
+    params = _sampled(n=3, seed=8, max_tokens=4)
+    single, _ = make_engine(model_dir)
+    try:
+        expected = _choices(single.submit(request("x", PROMPT, params)))
+    finally:
+        single.shutdown()
+    engines = [make_engine(model_dir)[0] for _ in range(2)]
+    replicas = ReplicaSet(engines, sink=RecordingSink())
+    replicas.load()
+    replicas.start()
+    try:
+        got = _choices(replicas.submit(request("x", PROMPT, params)))
+
+        async def consume() -> dict[int, list[int]]:
+            tokens: dict[int, list[int]] = defaultdict(list)
+            async for outputs in replicas.submit(request("y", PROMPT, params)).batches():
+                for out in outputs:
+                    tokens[out.index].extend(out.token_ids)
+            return dict(tokens)
+
+        streamed = asyncio.run(consume())
+    finally:
+        replicas.shutdown(drain_timeout_s=30.0)
+    assert {i: c.token_ids for i, c in got.items()} == {i: c.token_ids for i, c in expected.items()}
+    assert streamed == {i: c.token_ids for i, c in expected.items()}
