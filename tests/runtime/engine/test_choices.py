@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -55,7 +57,7 @@ def _sampled(**kwargs: object) -> SamplingParams:
 
 
 @pytest.fixture
-def engine(demo_model_dir) -> Engine:  # type: ignore[no-untyped-def]
+def engine(demo_model_dir: Callable[[str], Path]) -> Iterator[Engine]:
     engine, _ = make_engine(demo_model_dir("llama"), RecordingSink(), kv_block_size=16)
     yield engine
     engine.shutdown()
@@ -79,8 +81,10 @@ def test_choice_i_draws_the_stream_of_seed_plus_i(engine: Engine) -> None:
         assert group[i].token_ids == alone.token_ids
 
 
-def test_the_prompt_pages_are_held_once_by_every_choice(demo_model_dir: object) -> None:
-    engine, hooks = make_engine(demo_model_dir("llama"), RecordingSink(), kv_block_size=16)  # type: ignore[operator]
+def test_the_prompt_pages_are_held_once_by_every_choice(
+    demo_model_dir: Callable[[str], Path],
+) -> None:
+    engine, hooks = make_engine(demo_model_dir("llama"), RecordingSink(), kv_block_size=16)
     try:
         engine.load()
         kv_cache = engine._parts.kv_cache
@@ -114,10 +118,10 @@ def test_the_prompt_pages_are_held_once_by_every_choice(demo_model_dir: object) 
         engine.shutdown()
 
 
-def test_one_prefill_feeds_every_choice(demo_model_dir: object) -> None:
+def test_one_prefill_feeds_every_choice(demo_model_dir: Callable[[str], Path]) -> None:
     """The step that prefills the prompt is the only one with prompt tokens in it."""
     sink = RecordingSink()
-    engine, _ = make_engine(demo_model_dir("llama"), sink, kv_block_size=16)  # type: ignore[operator]
+    engine, _ = make_engine(demo_model_dir("llama"), sink, kv_block_size=16)
     try:
         _choices(engine.submit(request("p", PROMPT, _sampled(n=4, seed=3, max_tokens=4))))
         assert sum(s.num_prefill_tokens for s in sink.steps) == len(PROMPT)
@@ -126,9 +130,11 @@ def test_one_prefill_feeds_every_choice(demo_model_dir: object) -> None:
         engine.shutdown()
 
 
-def test_one_record_per_request_with_n_and_every_choices_tokens(demo_model_dir: object) -> None:
+def test_one_record_per_request_with_n_and_every_choices_tokens(
+    demo_model_dir: Callable[[str], Path],
+) -> None:
     sink = RecordingSink()
-    engine, _ = make_engine(demo_model_dir("llama"), sink)  # type: ignore[operator]
+    engine, _ = make_engine(demo_model_dir("llama"), sink)
     try:
         _choices(engine.submit(request("rec", PROMPT, _sampled(n=3, seed=9, max_tokens=5))))
         engine.shutdown(drain_timeout_s=1.0)
@@ -148,8 +154,8 @@ def test_one_record_per_request_with_n_and_every_choices_tokens(demo_model_dir: 
 
 
 def test_best_of_ranks_by_the_models_logprob_of_the_sampled_tokens(
-    engine: Engine, demo_model_dir
-) -> None:  # type: ignore[no-untyped-def]
+    engine: Engine, demo_model_dir: Callable[[str], Path]
+) -> None:
     from transformers import AutoModelForCausalLM
 
     params = _sampled(n=1, best_of=3, seed=11, max_tokens=4)
@@ -166,8 +172,10 @@ def test_best_of_ranks_by_the_models_logprob_of_the_sampled_tokens(
     assert all(c.cumulative_logprob is None for c in plain.values())  # n == best_of: not kept
 
 
-def test_cancel_ends_every_choice_and_frees_their_pages(demo_model_dir: object) -> None:
-    engine, hooks = make_engine(demo_model_dir("llama"), RecordingSink())  # type: ignore[operator]
+def test_cancel_ends_every_choice_and_frees_their_pages(
+    demo_model_dir: Callable[[str], Path],
+) -> None:
+    engine, hooks = make_engine(demo_model_dir("llama"), RecordingSink())
     try:
         handle = engine.submit(request("c", PROMPT, _sampled(n=4, max_tokens=200, seed=2)))
         outputs = iter(handle)
@@ -195,10 +203,10 @@ def test_bad_n_and_best_of_are_typed_errors(kwargs: dict[str, int], param: str) 
     assert err.value.param == param
 
 
-def test_admission_counts_each_choice_as_a_sequence(demo_model_dir: object) -> None:
+def test_admission_counts_each_choice_as_a_sequence(demo_model_dir: Callable[[str], Path]) -> None:
     sink = RecordingSink()
     engine, hooks = make_engine(
-        demo_model_dir("llama"),  # type: ignore[operator]
+        demo_model_dir("llama"),
         sink,
         max_num_seqs=4,
         max_queued_requests=4,
@@ -231,10 +239,10 @@ def test_admission_counts_each_choice_as_a_sequence(demo_model_dir: object) -> N
 
 
 def test_a_choice_with_no_page_for_its_fork_recomputes_and_samples_the_same(
-    demo_model_dir: object,
+    demo_model_dir: Callable[[str], Path],
 ) -> None:
     params = _sampled(n=3, seed=77, max_tokens=6)
-    roomy, _ = make_engine(demo_model_dir("llama"), kv_block_size=16)  # type: ignore[operator]
+    roomy, _ = make_engine(demo_model_dir("llama"), kv_block_size=16)
     try:
         expected = _choices(roomy.submit(request("r", PROMPT, params)))
         page_bytes = roomy._parts.kv_cache.bytes_per_page
@@ -242,7 +250,7 @@ def test_a_choice_with_no_page_for_its_fork_recomputes_and_samples_the_same(
         roomy.shutdown()
     sink = RecordingSink()
     tight, _ = make_engine(
-        demo_model_dir("llama"),  # type: ignore[operator]
+        demo_model_dir("llama"),
         sink,
         kv_block_size=16,
         kv_cache_bytes=5 * page_bytes,  # the zero page + 4: the prompt's 3 and one fork's copy
@@ -257,13 +265,15 @@ def test_a_choice_with_no_page_for_its_fork_recomputes_and_samples_the_same(
         tight.shutdown()
 
 
-def test_choices_through_a_replica_set_match_one_engine(demo_model_dir: object) -> None:
+def test_choices_through_a_replica_set_match_one_engine(
+    demo_model_dir: Callable[[str], Path],
+) -> None:
     """A ReplicaSet hands the engine's n-choice handle through (sync and async consumers)."""
     import asyncio
 
     from runtime.serving.replicas import ReplicaSet
 
-    model_dir = demo_model_dir("llama")  # type: ignore[operator]
+    model_dir = demo_model_dir("llama")
     params = _sampled(n=3, seed=8, max_tokens=4)
     single, _ = make_engine(model_dir)
     try:

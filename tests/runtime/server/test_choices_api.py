@@ -53,7 +53,7 @@ def test_token_id_batches_match_single_requests(client: openai.OpenAI, served: L
 
 
 def test_chat_with_n_gives_n_distinct_choices(client: openai.OpenAI) -> None:
-    messages = [{"role": "user", "content": "Say something"}]
+    messages: Any = [{"role": "user", "content": "Say something"}]
     result = client.chat.completions.create(
         model="llama", messages=messages, n=3, max_tokens=8, seed=5, extra_body=IGNORE_EOS
     )
