@@ -140,10 +140,16 @@ class FastllmMetrics:
                 registry=r,
             ),
             num_requests_running=Gauge(
-                "fastllm_num_requests_running", "Requests in the running batch.", _MV, registry=r
+                "fastllm_num_requests_running",
+                "Sequences in the running batch (each of a request's n choices counts).",
+                _MV,
+                registry=r,
             ),
             num_requests_waiting=Gauge(
-                "fastllm_num_requests_waiting", "Requests in the waiting queue.", _MV, registry=r
+                "fastllm_num_requests_waiting",
+                "Sequences in the waiting queue (each of a request's n choices counts).",
+                _MV,
+                registry=r,
             ),
             time_to_first_token=Histogram(
                 "fastllm_time_to_first_token_seconds",
@@ -177,7 +183,10 @@ class FastllmMetrics:
                 "fastllm_prompt_tokens_total", "Prompt tokens processed.", _MV, registry=r
             ),
             generation_tokens=Counter(
-                "fastllm_generation_tokens_total", "Tokens generated.", _MV, registry=r
+                "fastllm_generation_tokens_total",
+                "Tokens generated (every choice's).",
+                _MV,
+                registry=r,
             ),
             request_success=Counter(
                 "fastllm_request_success_total",

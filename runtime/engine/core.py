@@ -93,6 +93,8 @@ class EngineCore:
     # --- called by the Engine (under self.lock) --------------------------------------------------
     def add(self, seq: Sequence) -> None:
         self.seqs[seq.request_id] = seq
+        for fork in seq.pending_forks:  # live (cancel, timeout) before the scheduler has them
+            self.seqs[fork.request_id] = fork
         self.scheduler.add(seq)
         self.lock.notify_all()
 
@@ -129,13 +131,26 @@ class EngineCore:
                 completion_tokens=len(seq.output_token_ids),
                 error=error,
                 cached_tokens=seq.stats.cached_tokens,
+                index=seq.index,
             )
         if seq.request_id not in self.in_flight:
             self.scheduler.finish(seq)  # KV back before the caller sees the end of the stream
         seq.handle.push(output)
-        self.records.append(seq.stats)
+        record = seq.stats if seq.group is None else seq.group.closed(seq)
+        if record is not None:  # one record per request, when its last choice closes
+            self.records.append(record)
         if self.on_close is not None:
             self.on_close(seq)
+        if seq.group is not None and (
+            error is not None or finished_reason is FinishReason.CANCELLED
+        ):
+            for other in seq.group.open_members():  # one choice cancelled or failed: all are
+                self.close(
+                    other,
+                    finished_reason=finished_reason,
+                    error=error,
+                    failure_reason=failure_reason,
+                )
 
     def expire(self, now: float) -> None:
         for seq in [s for s in self.seqs.values() if s.deadline <= now]:
@@ -266,23 +281,41 @@ class EngineCore:
             seq.stats.batch_size = max(seq.stats.batch_size, batch_size)
             if token_id is None:
                 continue  # a prefill chunk that ended mid-prompt
-            seq.output_token_ids.append(token_id)
-            if len(seq.output_token_ids) == 1:
-                seq.mark(RequestEvent.FIRST_TOKEN)
-            text, reason = seq.stop_checker.push(token_id)
-            output = TokenOutput(
-                request_id=seq.request_id,
-                token_ids=[token_id],
-                text=text,
-                finished_reason=reason,
-                prompt_tokens=seq.num_prompt_tokens,
-                completion_tokens=len(seq.output_token_ids),
-                cached_tokens=seq.stats.cached_tokens,
-            )
-            if reason is None:
-                seq.handle.push(output)
-            else:
-                self.close(seq, finished_reason=reason, output=output)
+            if seq.pending_forks:  # its prefill ended: the other choices share its KV now
+                self._fork(seq)
+            self._push_token(seq, token_id)
+
+    def _fork(self, seq: Sequence) -> None:
+        forks, seq.pending_forks = seq.pending_forks, []
+        for fork in forks:
+            token_id, fork.fork_token = fork.fork_token, None
+            if fork.is_closed or token_id is None:
+                continue
+            self.scheduler.fork(seq, fork)
+            self._push_token(fork, token_id)
+
+    def _push_token(self, seq: Sequence, token_id: int) -> None:
+        """A sampled token into the sequence, its stop check and its handle."""
+        seq.output_token_ids.append(token_id)
+        if len(seq.output_token_ids) == 1:
+            seq.mark(RequestEvent.FIRST_TOKEN)
+        text, reason = seq.stop_checker.push(token_id)
+        output = TokenOutput(
+            request_id=seq.request_id,
+            token_ids=[token_id],
+            text=text,
+            finished_reason=reason,
+            prompt_tokens=seq.num_prompt_tokens,
+            completion_tokens=len(seq.output_token_ids),
+            cached_tokens=seq.stats.cached_tokens,
+            index=seq.index,
+        )
+        if reason is not None and seq.request.sampling.ranks_choices:
+            output.cumulative_logprob = seq.cumulative_logprob
+        if reason is None:
+            seq.handle.push(output)
+        else:
+            self.close(seq, finished_reason=reason, output=output)
 
     def _recover_oom(self, batch: SchedulerOutput, cause: Exception) -> None:
         """Device memory ran out inside the forward (activations, not KV): preempt the newest

@@ -29,6 +29,7 @@ from runtime.engine.batching.controller import (
     ThroughputUtilization,
 )
 from runtime.engine.build import EngineParts, build_parts, default_loader
+from runtime.engine.choices import make_choices
 from runtime.engine.config import EngineConfig
 from runtime.engine.embed import EmbeddingResult, embed_texts
 from runtime.engine.load_once import CallOnce
@@ -178,6 +179,7 @@ class Engine:
             queued_ts=time.time(),
             prompt_tokens=len(ids),
             max_tokens=params.max_tokens,
+            n=params.n,
             operation=request.operation,
             traceparent=request.traceparent,
         )
@@ -199,7 +201,7 @@ class Engine:
                 raise InvalidRequestError(
                     f"request id {request.request_id!r} is already running", param="request_id"
                 )
-            refusal = core.scheduler.admission_refusal(seq.num_prompt_tokens)
+            refusal = core.scheduler.admission_refusal(seq.num_prompt_tokens, seq.num_seqs)
             if refusal is None:
                 seq.mark(RequestEvent.QUEUED, seq.stats.queued_ts)
                 core.add(seq)
@@ -219,16 +221,26 @@ class Engine:
 
     def _new_sequence(self, parts: EngineParts, validated: ValidatedRequest) -> Sequence:
         request, params = validated.request, validated.request.sampling
-        return Sequence(
-            request=request,
-            handle=RequestHandle(request.request_id, self.cancel),
-            stats=validated.stats,
-            deadline=validated.deadline,
-            stop_checker=StopChecker(parts.tokenizer, params, validated.prompt_ids),
-            generator=make_generator(params.seed, parts.loaded.device),
-            is_verified=self.verifier is not None
-            and self.verifier.should_verify(request.request_id),
-        )
+        handle = RequestHandle(request.request_id, self.cancel, num_choices=params.num_seqs)
+
+        def choice(index: int, stats: RequestStats) -> Sequence:
+            # each choice its own seed stream: seed + index (choice 0 is the plain request's)
+            seed = None if params.seed is None else params.seed + index
+            return Sequence(
+                request=request,
+                handle=handle,
+                stats=stats,
+                deadline=validated.deadline,
+                stop_checker=StopChecker(parts.tokenizer, params, validated.prompt_ids),
+                generator=make_generator(seed, parts.loaded.device),
+                is_verified=index == 0
+                and self.verifier is not None
+                and self.verifier.should_verify(request.request_id),
+            )
+
+        first = choice(0, validated.stats)
+        make_choices(first, choice)
+        return first
 
     def _retry_after_s(self, parts: EngineParts) -> float:
         """How long the queued prompt tokens take at the recent throughput, within [1, 30] s."""
@@ -244,6 +256,10 @@ class Engine:
         core = self._parts.core
         with core.lock:
             seq = core.seqs.get(request_id)
+            if seq is None:  # choice 0 may have finished while other choices run
+                seq = next(
+                    (s for s in core.seqs.values() if s.request.request_id == request_id), None
+                )
             if seq is None:
                 return False
             core.close(seq, finished_reason=FinishReason.CANCELLED)

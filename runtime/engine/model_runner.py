@@ -15,6 +15,8 @@ from typing import cast
 
 import torch
 
+from runtime.engine.choice_logprob import add_sampled_logprobs
+from runtime.engine.choices import with_forks
 from runtime.engine.sampling import sample
 from runtime.engine.scheduler import SchedulerOutput
 from runtime.memory.kv_cache import KVCache
@@ -66,10 +68,17 @@ class ModelRunner:
             return sampled
         rows = torch.tensor([slices[i].end - 1 for i in sampling_idx], device=self.device)
         logits = self.model.compute_logits(hidden.index_select(0, rows))  # [N, vocab] float32
-        seqs = [batch.items[i].seq for i in sampling_idx]
+        seqs, fork_rows = with_forks([batch.items[i].seq for i in sampling_idx])
+        if len(fork_rows) > len(sampling_idx):  # n choices: one prefill, a row for each choice
+            logits = logits.index_select(0, torch.tensor(fork_rows, device=self.device))
         token_ids = sample(logits, [s.request.sampling for s in seqs], [s.generator for s in seqs])
-        for j, (i, token_id) in enumerate(zip(sampling_idx, token_ids.tolist(), strict=True)):
+        add_sampled_logprobs(logits, token_ids, seqs)
+        tokens = token_ids.tolist()
+        for j, (i, token_id) in enumerate(zip(sampling_idx, tokens, strict=False)):
             sampled[i] = int(token_id)
             if seqs[j].is_verified:  # runtime.verify.verifier compares it with the reference path
                 seqs[j].chosen_logit = float(logits[j, token_id])
+        num_own = len(sampling_idx)
+        for fork, token_id in zip(seqs[num_own:], tokens[num_own:], strict=True):
+            fork.fork_token = int(token_id)  # the core forks it after this step
         return sampled

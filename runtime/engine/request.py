@@ -100,6 +100,8 @@ class TokenOutput:
     cached_tokens: int = (
         0  # prompt tokens served from the prefix cache (usage.prompt_tokens_details)
     )
+    index: int = 0  # which choice (sequence) of the request this output belongs to
+    cumulative_logprob: float | None = None  # on a final output when best_of > n (ranking)
 
     @property
     def is_final(self) -> bool:
@@ -107,9 +109,15 @@ class TokenOutput:
 
 
 class RequestHandle:
-    def __init__(self, request_id: str, cancel: Callable[[str], bool] | None = None) -> None:
+    def __init__(
+        self, request_id: str, cancel: Callable[[str], bool] | None = None, num_choices: int = 1
+    ) -> None:
         self.request_id = request_id
         self._cancel = cancel
+        # outputs of all choices interleave (`TokenOutput.index`); the stream ends with the last
+        # choice's final output, so a consumer stops on a final output only when there is one
+        self.num_choices = num_choices
+        self._num_final = 0
         self._lock = threading.Condition()
         self._outputs: deque[TokenOutput] = deque()
         self._history: list[TokenOutput] = []  # everything pushed, for result()
@@ -123,7 +131,8 @@ class RequestHandle:
                 return  # e.g. a cancel raced with the last token: the first final output wins
             self._outputs.append(output)
             self._history.append(output)
-            self._done = output.is_final
+            self._num_final += output.is_final
+            self._done = self._num_final >= self.num_choices
             self._lock.notify_all()
             waiters = list(self._waiters)
         for loop, event in waiters:
@@ -147,7 +156,7 @@ class RequestHandle:
                     self._lock.wait()
                 output = self._outputs.popleft()
             yield output
-            if output.is_final:
+            if output.is_final and self.num_choices == 1:
                 return
 
     async def batches(self) -> AsyncIterator[list[TokenOutput]]:
@@ -174,7 +183,7 @@ class RequestHandle:
                     await event.wait()
                     continue
                 yield outputs
-                if outputs[-1].is_final:
+                if outputs[-1].is_final and self.num_choices == 1:
                     return
         finally:
             with self._lock:
@@ -197,7 +206,7 @@ class RequestHandle:
                     await event.wait()
                     continue
                 yield output
-                if output.is_final:
+                if output.is_final and self.num_choices == 1:
                     return
         finally:
             with self._lock:

@@ -19,6 +19,7 @@ from runtime.errors import InvalidRequestError
 __all__ = ["SamplingParams", "apply_top_k_top_p", "make_generator", "sample"]
 
 MAX_STOP_STRINGS = 16
+MAX_CHOICES = 16  # n and best_of: sequences of one prompt (each counts as one in admission)
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # stop strings; the matched text is not emitted
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    n: int = 1  # choices returned; each runs as its own sequence over the prompt's shared pages
+    best_of: int | None = None  # sequences run (>= n; None = n); the n most likely are returned
 
     def __post_init__(self) -> None:
         self.validate()  # an invalid SamplingParams never exists
@@ -38,6 +41,16 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def num_seqs(self) -> int:
+        """Sequences this request runs: best_of, else n."""
+        return self.best_of if self.best_of is not None else self.n
+
+    @property
+    def ranks_choices(self) -> bool:
+        """best_of > n: the sampler keeps each sequence's cumulative logprob to rank them."""
+        return self.num_seqs > self.n
 
     def validate(self) -> None:
         """Raise InvalidRequestError naming the offending parameter."""
@@ -55,6 +68,15 @@ class SamplingParams:
             isinstance(self.seed, bool) or not isinstance(self.seed, int)
         ):
             raise InvalidRequestError("seed must be an integer", param="seed")
+        for name, value in (("n", self.n), ("best_of", self.num_seqs)):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or not 1 <= value <= MAX_CHOICES
+            ):
+                raise InvalidRequestError(f"{name} must be in [1, {MAX_CHOICES}]", param=name)
+        if self.num_seqs < self.n:
+            raise InvalidRequestError("best_of must be >= n", param="best_of")
         if len(self.stop) > MAX_STOP_STRINGS:
             raise InvalidRequestError(f"at most {MAX_STOP_STRINGS} stop strings", param="stop")
         if any(not isinstance(s, str) or not s for s in self.stop):

@@ -39,6 +39,7 @@ class KVSpace(Protocol):
 
     def allocate(self, seq_id: str, token_ids: Seq[int]) -> SequenceKV: ...
     def ensure(self, kv: SequenceKV, num_new_tokens: int) -> bool: ...
+    def fork(self, parent: SequenceKV, seq_id: str) -> SequenceKV | None: ...
     def pages_for(self, num_tokens: int) -> int: ...
     def num_available_pages(self) -> int: ...
     def count_prefix_query(self, num_tokens: int, num_hit_tokens: int) -> None: ...
@@ -86,21 +87,24 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last one is the newest
         self.num_queued_tokens = 0  # prompt tokens in `waiting`
+        self.num_queued_forks = 0  # choices waiting on a queued sequence's prefill (n > 1)
         self.num_holds = 0  # steps whose queue head found no KV room
         self.num_preemptions = 0
         self._num_admitted = 0
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        """Sequences waiting: each choice of a request with n > 1 counts."""
+        return len(self.waiting) + self.num_queued_forks
 
     @property
     def num_running(self) -> int:
         return len(self.running)
 
-    def admission_refusal(self, num_prompt_tokens: int) -> str | None:
-        """Why a new request cannot join the waiting queue now, or None if it can."""
-        if len(self.waiting) >= self.config.max_queued_requests:
+    def admission_refusal(self, num_prompt_tokens: int, num_seqs: int = 1) -> str | None:
+        """Why a new request cannot join the waiting queue now, or None if it can. A request
+        with n choices counts as n sequences (its prompt's tokens once: one prefill)."""
+        if self.num_waiting + num_seqs > max(self.config.max_queued_requests, num_seqs):
             return f"waiting queue is full ({self.config.max_queued_requests} requests)"
         if self.num_queued_tokens + num_prompt_tokens > self.config.max_queued_tokens:
             return f"waiting queue holds too many tokens ({self.num_queued_tokens} queued)"
@@ -111,6 +115,7 @@ class Scheduler:
         seq.arrival_index = self._num_admitted
         self._num_admitted += 1
         self.waiting.append(seq)
+        self.num_queued_forks += len(seq.pending_forks)
         self.num_queued_tokens += seq.num_prompt_tokens
 
     def kv_stats(self) -> KVCacheStats:
@@ -133,6 +138,8 @@ class Scheduler:
             and not out.num_preempted
         ):
             seq = self.waiting[0]
+            if self.running and len(self.running) + seq.num_seqs > max_num_seqs:
+                break  # its choices would overrun the batch cap (alone, it may start)
             admitted = self._admit(seq, budget)
             if admitted is None:
                 self.num_holds += 1
@@ -181,6 +188,7 @@ class Scheduler:
             self.kv.free(seq.request_id)
             return None
         self.waiting.popleft()
+        self.num_queued_forks -= len(seq.pending_forks)
         self.num_queued_tokens -= seq.num_prompt_tokens
         if seq.stats.scheduled_ts is None:  # first schedule: the prompt's prefix-cache lookup
             self.kv.count_prefix_query(seq.num_prompt_tokens, kv.num_cached_tokens)
@@ -209,10 +217,28 @@ class Scheduler:
     def _is_decode(seq: Sequence, num_tokens: int) -> bool:
         return num_tokens == 1 and seq.num_pending_tokens == 1 and bool(seq.output_token_ids)
 
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Start a choice of `parent`'s request right after its prefill, sharing its block table
+        (runtime.engine.choices); with no page for the fork it is queued at the front like a
+        preempted sequence, to recompute from the prefix cache."""
+        assert parent.kv is not None
+        child.arrival_index = parent.arrival_index
+        child.stats.scheduled_ts = parent.stats.scheduled_ts  # no second prefix-cache query
+        kv = self.kv.fork(parent.kv, child.request_id)
+        if kv is None:
+            child.status, child.num_computed_tokens = SequenceStatus.WAITING, 0
+            self.waiting.appendleft(child)
+            self.num_queued_tokens += child.num_prompt_tokens
+            return
+        child.kv, child.status = kv, SequenceStatus.RUNNING
+        child.num_computed_tokens = kv.num_tokens
+        bisect.insort(self.running, child, key=lambda s: s.arrival_index)
+
     def finish(self, seq: Sequence) -> None:
         """Take a sequence out (finished, cancelled, failed) and free its KV at once."""
         if seq.status is SequenceStatus.WAITING and seq in self.waiting:
             self.waiting.remove(seq)
+            self.num_queued_forks -= len(seq.pending_forks)
             self.num_queued_tokens -= seq.num_prompt_tokens
         elif seq.status is SequenceStatus.RUNNING and seq in self.running:
             self.running.remove(seq)
@@ -228,6 +254,7 @@ class Scheduler:
         self.num_preemptions += 1
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
+        self.num_queued_forks += len(seq.pending_forks)
         self.num_queued_tokens += seq.num_prompt_tokens
 
     def _free(self, seq: Sequence) -> None:

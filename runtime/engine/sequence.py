@@ -23,6 +23,7 @@ from runtime.engine.stats import RequestEvent, RequestStats
 if TYPE_CHECKING:
     import torch
 
+    from runtime.engine.choice_group import ChoiceGroup
     from runtime.engine.stopping import StopChecker
     from runtime.memory.kv_cache import SequenceKV
 
@@ -52,10 +53,25 @@ class Sequence:
     # each token it samples for this request (the last one is the final step's)
     is_verified: bool = False
     chosen_logit: float | None = None
+    # n / best_of (runtime.engine.choices): the choice this sequence is, its request's group,
+    # and (on choice 0 until its prefill ends) the choices forked from it when it first samples
+    index: int = 0
+    group: ChoiceGroup[Sequence] | None = None
+    pending_forks: list[Sequence] = field(default_factory=list)
+    fork_token: int | None = None  # a forked choice's first token, sampled from choice 0's logits
+    cumulative_logprob: float = 0.0  # of the sampled tokens, kept only when best_of > n
 
     @property
     def request_id(self) -> str:
-        return self.request.request_id
+        """The sequence's id (its KV's, the scheduler's): the request's id, `#index` after it for
+        the choices after the first."""
+        rid = self.request.request_id
+        return rid if self.index == 0 else f"{rid}#{self.index}"
+
+    @property
+    def num_seqs(self) -> int:
+        """Sequences this one stands for in admission: itself and the choices it will fork."""
+        return 1 + len(self.pending_forks)
 
     @property
     def prompt_token_ids(self) -> list[int]:

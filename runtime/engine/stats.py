@@ -68,6 +68,9 @@ class RequestStats:
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (first schedule)
     max_tokens: int = 0
     n: int = 1  # choices asked for (each choice is a sequence of its own)
+    # n / best_of > 1: the longest sequence's tokens (completion_tokens sums every sequence's,
+    # generated side by side): what the time per output token divides by; 0 = one sequence
+    longest_choice_tokens: int = 0
     logprobs: bool = False  # sampled or prompt log-probabilities were asked
     constraint: str = "none"  # structured output: none | json | regex | choice | grammar | tools
     # "stop" | "length" | "cancelled" when it ended normally; None when it failed
@@ -107,9 +110,10 @@ class RequestStats:
     @property
     def tpot_seconds(self) -> float | None:
         """Mean time per output token after the first one."""
-        if self.first_token_ts is None or self.finished_ts is None or self.completion_tokens < 2:
+        steps = self.longest_choice_tokens or self.completion_tokens
+        if self.first_token_ts is None or self.finished_ts is None or steps < 2:
             return None
-        return (self.finished_ts - self.first_token_ts) / (self.completion_tokens - 1)
+        return (self.finished_ts - self.first_token_ts) / (steps - 1)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ advances the cursor itself, so every layer of one forward sees the same `num_tok
                                refcounted, at most all but the last token so one is computed)
   ensure(kv, n)                pages for n more tokens, appended as needed: no max_tokens
                                reservation; False (nothing taken) when no page is free or cached
+  fork(parent, seq_id)         a block table for another choice of the same prompt: the parent's
+                               full pages held once more, its partial last page copied
   cache_full_pages(kv, tokens) key the pages the last forward filled, for later sequences
   free(seq_id)                 release every page: a shared page is freed by its last holder;
                                a keyed page then stays cached (LRU) until evicted
@@ -194,6 +196,34 @@ class KVCache:
             kv.page_ids.extend(pages)
             return True
 
+    def fork(self, parent: SequenceKV, seq_id: str) -> SequenceKV | None:
+        """A block table for `seq_id` holding the parent's stored tokens (n choices of one prompt,
+        after its one prefill). Full pages are shared: held once more, never copied (a full page
+        is never written again). The partial last page is the one page each choice writes its
+        own next tokens into, so it is copied into a fresh page (copy-on-write, at most
+        block_size - 1 tokens). None (nothing taken) when no page is free for that copy."""
+        with self._lock:
+            if seq_id in self._seqs:
+                raise ValueError(f"sequence {seq_id!r} already has KV")
+            num_full = parent.num_tokens // self.block_size
+            copied: list[int] = []
+            if parent.num_tokens % self.block_size:
+                taken = self.pool.take(1)
+                if taken is None:
+                    return None
+                copied = taken
+                source = parent.page_ids[num_full]
+                data = self.pool.data  # [layers, 2, heads, pages, block, dim]
+                data[:, :, :, copied[0]] = data[:, :, :, source]
+            kv = SequenceKV(self.pool.data, seq_id, self.scratch)
+            for page in parent.page_ids[:num_full]:
+                self.pool.hold(page)
+            kv.page_ids = parent.page_ids[:num_full] + copied
+            kv.keys = parent.keys[:num_full]
+            kv.num_tokens = parent.num_tokens
+            self._seqs[seq_id] = kv
+            return kv
+
     def num_available_pages(self) -> int:
         """Pages `ensure` could take now (free, or cached and evictable)."""
         return self.pool.num_free + self.pool.num_cached
@@ -250,6 +280,7 @@ class KVCache:
                 num_used_pages=pool.num_used,
                 num_cached_pages=pool.num_cached,
                 num_free_pages=pool.num_free,
+                num_shared_pages=pool.num_shared,
                 prefix_query_tokens=self.num_query_tokens,
                 prefix_hit_tokens=self.num_hit_tokens,
                 pool_id=self.pool_id,

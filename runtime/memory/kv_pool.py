@@ -54,6 +54,7 @@ class PagePool:
         self.data = data
         self.num_pages = int(data.shape[3])  # including the zero page
         self.refcounts = [0] * self.num_pages
+        self.num_shared = 0  # pages held by more than one sequence (a forked or reused prefix)
         self._free = list(range(1, self.num_pages))  # sorted: already a heap
         self._lru: OrderedDict[int, None] = OrderedDict()  # cached pages, oldest first
         self._by_key: dict[bytes, int] = {}
@@ -113,12 +114,16 @@ class PagePool:
         if self.refcounts[page] == 0:
             del self._lru[page]  # KeyError for a free page: holding one is a bug
         self.refcounts[page] += 1
+        if self.refcounts[page] == 2:
+            self.num_shared += 1
 
     def release(self, page: int) -> None:
         count = self.refcounts[page] - 1
         if count < 0:
             raise ValueError(f"page {page} released more often than held")
         self.refcounts[page] = count
+        if count == 1:
+            self.num_shared -= 1
         if count == 0:
             if page in self._key_of:
                 self._lru[page] = None  # newest end: evicted last

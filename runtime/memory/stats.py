@@ -48,6 +48,7 @@ class KVCacheStats:
     num_used_pages: int = 0  # held by at least one sequence
     num_cached_pages: int = 0  # held by none, kept for prefix reuse (evicted first, LRU)
     num_free_pages: int = 0
+    num_shared_pages: int = 0  # of the used ones, held by several sequences (prefix, n choices)
     prefix_query_tokens: int = 0  # prompt tokens looked up in the prefix cache
     prefix_hit_tokens: int = 0  # of those, found cached (not recomputed)
     num_preemptions: int = 0  # sequences preempted for lack of pages (recomputed later)
@@ -66,6 +67,7 @@ class KVCacheStats:
             num_used_pages=sum(p.num_used_pages for p in parts),
             num_cached_pages=sum(p.num_cached_pages for p in parts),
             num_free_pages=sum(p.num_free_pages for p in parts),
+            num_shared_pages=sum(p.num_shared_pages for p in parts),
             prefix_query_tokens=sum(p.prefix_query_tokens for p in parts),
             prefix_hit_tokens=sum(p.prefix_hit_tokens for p in parts),
             num_preemptions=sum(p.num_preemptions for p in parts),

@@ -24,7 +24,7 @@ from runtime.server.auth import api_key_dependencies
 from runtime.server.errors import install_error_handlers
 from runtime.server.guard import Guard
 from runtime.server.rollout_wiring import attach_rollout, attach_rollout_sync
-from runtime.server.routes import admin, health, legacy, openai, rollout
+from runtime.server.routes import admin, health, legacy, openai, rollout, tokenize
 from runtime.server.routes.status import attach_status_page
 from runtime.server.state import ServerState
 
@@ -45,6 +45,7 @@ def create_app(settings: Settings | None = None, *, state: ServerState | None = 
     app.state.fastllm = state
     install_error_handlers(app)
     app.include_router(openai.router, dependencies=api_key_dependencies(state.settings.api_keys))
+    app.include_router(tokenize.router, dependencies=api_key_dependencies(state.settings.api_keys))
     app.include_router(admin.router)
     app.include_router(rollout.router)
     app.state.rollout = attach_rollout(state)  # canary weights, promotion, automatic rollback

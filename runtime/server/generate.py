@@ -55,6 +55,8 @@ def sampling_params(body: _Sampling, max_tokens: int) -> SamplingParams:
         seed=body.seed,
         stop=body.stop_strings,
         ignore_eos=body.ignore_eos,
+        n=body.n,
+        best_of=getattr(body, "best_of", None),  # completions only
     )
 
 

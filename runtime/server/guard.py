@@ -1,6 +1,6 @@
 """The outermost ASGI layer of the API: admission and last-resort error handling.
 
-For every /v1 request, in this order, it
+For every /v1 request (and /tokenize, /detokenize), in this order, it
 - checks the API key before anything else (401; counted as reason "unauthorized", never an
   inference_log row: a client without a key must not be able to grow the table);
 - refuses while not ready or draining (503 + Retry-After);
@@ -27,6 +27,7 @@ from runtime.server.auth import api_key_problem
 from runtime.server.body import BodyLimits, Refusal, header, read_body
 from runtime.server.errors import error_payload, record_failure
 from runtime.server.json_check import check_json
+from runtime.server.routes.tokenize import PATHS as TOKENIZER_PATHS
 
 log = logging.getLogger("fastllm.server")
 
@@ -37,7 +38,8 @@ class Guard:
         self.state = state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+        path = scope["path"] if scope["type"] == "http" else ""
+        if not (path.startswith("/v1/") or path in TOKENIZER_PATHS):
             await self.app(scope, receive, send)
             return
         state = self.state

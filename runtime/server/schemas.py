@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from runtime.engine.sampling import MAX_CHOICES
+from runtime.server.content import ContentParts
 from runtime.server.unsupported import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
@@ -22,6 +24,7 @@ from runtime.server.unsupported import (
 
 # Bounds a client may send; the engine and the model's context bound them further (as 400s).
 MAX_STOP = 4
+MAX_PROMPTS = 32  # prompts in one completions request (each runs as a request of its own)
 # seeds within the doubles' exact integers, so every JSON encoder round-trips them exactly
 SEED_MIN, SEED_MAX = -(2**53 - 1), 2**53 - 1
 
@@ -35,7 +38,7 @@ def _integral(value: Any) -> Any:
 
 # bounds sit inside the Annotated so /openapi.json shows them as minimum / maximum
 PositiveInt = Annotated[int, Field(ge=1), BeforeValidator(_integral)]
-OnlyOne = Annotated[int, Field(ge=1, le=1), BeforeValidator(_integral)]
+Choices = Annotated[int, Field(ge=1, le=MAX_CHOICES), BeforeValidator(_integral)]
 Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX), BeforeValidator(_integral)]
 TokenId = Annotated[int, Field(ge=0, le=2**31 - 1), BeforeValidator(_integral)]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
@@ -48,6 +51,7 @@ class _Request(BaseModel):
 
 class StreamOptions(_Request):
     include_usage: bool = False
+    continuous_usage_stats: bool = Field(False, description="extension (as vLLM): usage per chunk")
 
 
 class _Sampling(_Request):
@@ -55,7 +59,7 @@ class _Sampling(_Request):
     max_tokens: PositiveInt | None = Field(None, description="default 16 (completions), 256 (chat)")
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    n: OnlyOne = Field(1, description="only 1 is supported")
+    n: Choices = Field(1, description=f"choices per prompt (at most {MAX_CHOICES})")
     stop: NonEmptyStr | Annotated[list[NonEmptyStr], Field(max_length=MAX_STOP)] | None = None
     seed: Seed | None = None
     stream: bool = False
@@ -73,6 +77,10 @@ class _Sampling(_Request):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    @property
+    def continuous_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.continuous_usage_stats
+
 
 class CompletionRequest(_Sampling):
     @model_validator(mode="before")
@@ -80,25 +88,38 @@ class CompletionRequest(_Sampling):
     def _refuse_unsupported(cls, data: Any) -> Any:
         return refuse_unsupported(data, COMPLETION_FIELDS)
 
-    # a string, token ids, or a one-element batch of either (n=1, one prompt per request)
+    # a string, token ids, or a batch of either (one request per prompt, answered together)
     prompt: (
         NonEmptyStr
         | TokenIds
-        | Annotated[list[NonEmptyStr], Field(min_length=1, max_length=1)]
-        | Annotated[list[TokenIds], Field(min_length=1, max_length=1)]
+        | Annotated[list[NonEmptyStr], Field(min_length=1, max_length=MAX_PROMPTS)]
+        | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)]
+    )
+    best_of: Choices | None = Field(
+        None, description="sequences per prompt (>= n); the n of highest cumulative logprob"
     )
 
     @property
-    def single_prompt(self) -> str | list[int]:
+    def prompts(self) -> list[str | list[int]]:
         p = self.prompt
         if isinstance(p, list) and p and isinstance(p[0], str | list):
-            return p[0]  # type: ignore[return-value]
-        return p  # type: ignore[return-value]
+            return list(p)  # type: ignore[arg-type]
+        return [p]  # type: ignore[list-item]
+
+    @property
+    def single_prompt(self) -> str | list[int]:
+        return self.prompts[0]
 
 
 class ChatMessage(_Request):
     role: Literal["system", "user", "assistant", "tool"]
-    content: str
+    content: str | ContentParts  # a list of text parts is joined (runtime.server.content)
+
+    @property
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(part.text for part in self.content)
 
 
 class ChatCompletionRequest(_Sampling):

@@ -30,7 +30,6 @@ COMPLETION_FIELDS: dict[str, tuple[Any, ...]] = {
     **_SAMPLING,
     "logprobs": _NONE,  # an int: even 0 asks for the sampled token's logprob
     "echo": _OFF,
-    "best_of": (None, 1),
     "suffix": (None, ""),
 }
 CHAT_FIELDS: dict[str, tuple[Any, ...]] = {

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from runtime.errors import InvalidRequestError
+from runtime.server import batched
 from runtime.server import generate as gen
 from runtime.server.errors import ERROR_RESPONSES
 from runtime.server.schemas import (
@@ -53,6 +54,8 @@ CHAT_DEFAULT_MAX_TOKENS = 256
 async def create_completion(body: CompletionRequest, request: Request) -> Any:
     rid = gen.begin(request, "cmpl", body.model, "text_completion")
     route = get_state(request).router.pick(body.model, user=body.user)
+    if not batched.is_plain(body):  # a prompt batch, n / best_of, per-chunk usage
+        return await batched.completions(body, request, rid, route, COMPLETION_DEFAULT_MAX_TOKENS)
     prompt = body.single_prompt
     ids = route.engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
     max_tokens = body.max_tokens or gen.default_max_tokens(
@@ -99,13 +102,15 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     rid = gen.begin(request, "chatcmpl", body.model, "chat")
     route = get_state(request).router.pick(body.model, user=body.user)
     tokenizer = route.engine.tokenizer
-    messages = [{"role": m.role, "content": m.content} for m in body.messages]
+    messages = [{"role": m.role, "content": m.text} for m in body.messages]
     ids = tokenizer.encode(tokenizer.apply_chat_template(messages))
     max_tokens = (
         body.max_completion_tokens
         or body.max_tokens
         or gen.default_max_tokens(route.engine, len(ids), CHAT_DEFAULT_MAX_TOKENS)
     )
+    if not batched.is_plain(body):  # n choices, per-chunk usage
+        return await batched.chat(body, request, rid, route, ids, max_tokens)
     params = gen.sampling_params(body, max_tokens)
     sub = gen.submit(request, route, rid, ids, params, operation="chat", user=body.user)
 

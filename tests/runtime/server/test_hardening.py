@@ -140,7 +140,6 @@ def test_deep_json_is_a_counted_400_with_its_row(app: InProcess) -> None:
     [
         ("/v1/completions", COMPLETION, "logprobs", 1),
         ("/v1/completions", COMPLETION, "echo", True),
-        ("/v1/completions", COMPLETION, "best_of", 2),
         ("/v1/completions", COMPLETION, "logit_bias", {"5": 10}),
         ("/v1/chat/completions", CHAT, "logprobs", True),
         ("/v1/chat/completions", CHAT, "top_logprobs", 3),

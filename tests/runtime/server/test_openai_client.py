@@ -115,7 +115,7 @@ def test_typed_errors(client: openai.OpenAI, served: LiveServer) -> None:
         client.completions.create(model="llama", prompt="x", max_tokens=-1)
     assert negative.value.param == "max_tokens"
     with pytest.raises(openai.BadRequestError) as n_two:
-        client.completions.create(model="llama", prompt="x", n=2)
+        client.completions.create(model="llama", prompt="x", n=17)
     assert n_two.value.param == "n"
     with pytest.raises(openai.BadRequestError) as too_long:
         client.completions.create(model="llama", prompt=[5] * 4000, max_tokens=2)

@@ -39,10 +39,23 @@ def _steer(body: Any, path: str, mode: GenerationMode) -> Any:
     if mode == GenerationMode.POSITIVE and isinstance(body.get("model"), str):
         body["model"] = "bert" if path.endswith("/embeddings") else "llama"
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
-        prompt = prompt[0]
-    if isinstance(prompt, list) and all(isinstance(t, int | float) for t in prompt):
-        prompt[:] = [int(t) % VOCAB for t in prompt]  # ids the demo vocabulary has
+    batch = (
+        prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], list) else [prompt]
+    )
+    for ids in batch:  # one prompt or a batch of them
+        if isinstance(ids, list) and all(isinstance(t, int | float) for t in ids):
+            ids[:] = [int(t) % VOCAB for t in ids]  # ids the demo vocabulary has
+    tokens = body.get("tokens")  # /detokenize
+    if isinstance(tokens, list) and all(isinstance(t, int | float) for t in tokens):
+        tokens[:] = [int(t) % VOCAB for t in tokens]
+    for key in ("n", "best_of"):  # up to 32 prompts x 16 sequences: keep the engine quick
+        value = body.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 2:
+            body[key] = 2
+    best_of = body.get("best_of")
+    if mode == GenerationMode.POSITIVE and isinstance(best_of, int | float):
+        # best_of >= n, and not above n when streamed: cross-field rules JSON Schema cannot state
+        body["best_of"] = body.get("n", 1)
     limits = [body.get("max_tokens"), body.get("max_completion_tokens")]
     if path.endswith("completions") and all(value is None for value in limits):
         body["max_tokens"] = MAX_NEW_TOKENS  # not the default 16 / 256
