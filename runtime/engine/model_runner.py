@@ -15,6 +15,7 @@ from typing import cast
 
 import torch
 
+from runtime.engine.constraints.mask import accept_sampled, apply_constraint_masks
 from runtime.engine.sampling import sample
 from runtime.engine.scheduler import SchedulerOutput
 from runtime.memory.kv_cache import KVCache
@@ -67,8 +68,11 @@ class ModelRunner:
         rows = torch.tensor([slices[i].end - 1 for i in sampling_idx], device=self.device)
         logits = self.model.compute_logits(hidden.index_select(0, rows))  # [N, vocab] float32
         seqs = [batch.items[i].seq for i in sampling_idx]
+        apply_constraint_masks(logits, seqs)  # structured output: forbidden tokens -> -inf
         token_ids = sample(logits, [s.request.sampling for s in seqs], [s.generator for s in seqs])
-        for j, (i, token_id) in enumerate(zip(sampling_idx, token_ids.tolist(), strict=True)):
+        token_list = token_ids.tolist()
+        accept_sampled(seqs, token_list)  # each constrained row's matcher takes its token
+        for j, (i, token_id) in enumerate(zip(sampling_idx, token_list, strict=True)):
             sampled[i] = int(token_id)
             if seqs[j].is_verified:  # runtime.verify.verifier compares it with the reference path
                 seqs[j].chosen_logit = float(logits[j, token_id])

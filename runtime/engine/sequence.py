@@ -23,6 +23,7 @@ from runtime.engine.stats import RequestEvent, RequestStats
 if TYPE_CHECKING:
     import torch
 
+    from runtime.engine.constraints.state import ConstraintState
     from runtime.engine.stopping import StopChecker
     from runtime.memory.kv_cache import SequenceKV
 
@@ -52,6 +53,7 @@ class Sequence:
     # each token it samples for this request (the last one is the final step's)
     is_verified: bool = False
     chosen_logit: float | None = None
+    constraint: ConstraintState | None = None  # its grammar's matcher (structured output)
 
     @property
     def request_id(self) -> str:
