@@ -17,6 +17,7 @@ from typing import Any
 
 from starlette.requests import Request
 
+from runtime.engine.constraints import ConstraintSpec
 from runtime.engine.reasons import FinishReason
 from runtime.engine.request import GenerationRequest, RequestHandle, TokenOutput
 from runtime.engine.sampling import SamplingParams
@@ -73,6 +74,7 @@ def submit(
     *,
     operation: str,
     user: str | None,
+    constraint: ConstraintSpec | None = None,
 ) -> Submitted:
     state = get_state(request)
     traceparent = request.headers.get("traceparent")
@@ -81,6 +83,7 @@ def submit(
             "gen_ai.operation.name": operation,
             "gen_ai.request.model": route.model,
             "gen_ai.request.max_tokens": params.max_tokens,
+            "fastllm.constraint": constraint.stats_label if constraint else "none",
         }
         state.start_span(request_id, traceparent, attributes)
     generation = GenerationRequest(
@@ -92,6 +95,7 @@ def submit(
         operation=operation,
         traceparent=traceparent,
         user=user,
+        constraint=constraint,
     )
     try:
         handle = route.engine.submit(generation)

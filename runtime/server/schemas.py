@@ -2,7 +2,7 @@
 
 Requests are strict (`"5"` is not an integer) and ignore unknown fields, as OpenAI-compatible
 servers do, so clients that send extra parameters keep working; OpenAI's own fields that this
-server does not implement (logprobs, tools, response_format, ...) are refused unless sent with
+server does not implement (logprobs, functions, ...) are refused unless sent with
 their neutral value (runtime.server.unsupported). These models are also what /openapi.json
 documents, so schemathesis generates cases from exactly these rules.
 """
@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from runtime.server.structured_schemas import ChatToolFields, StructuredFields, ToolCall
 from runtime.server.unsupported import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
@@ -50,7 +51,7 @@ class StreamOptions(_Request):
     include_usage: bool = False
 
 
-class _Sampling(_Request):
+class _Sampling(_Request, StructuredFields):
     model: str = Field(min_length=1, max_length=256)
     max_tokens: PositiveInt | None = Field(None, description="default 16 (completions), 256 (chat)")
     temperature: float = Field(1.0, ge=0.0, le=2.0)
@@ -98,10 +99,13 @@ class CompletionRequest(_Sampling):
 
 class ChatMessage(_Request):
     role: Literal["system", "user", "assistant", "tool"]
-    content: str
+    content: str | None = None  # None: an assistant turn that only called tools
+    tool_calls: list[ToolCall] | None = None  # an assistant turn's calls (runtime.server.tools)
+    tool_call_id: str | None = None  # a tool result: the call it answers
+    name: str | None = None
 
 
-class ChatCompletionRequest(_Sampling):
+class ChatCompletionRequest(_Sampling, ChatToolFields):
     @model_validator(mode="before")
     @classmethod
     def _refuse_unsupported(cls, data: Any) -> Any:
@@ -160,13 +164,14 @@ class CompletionResponse(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
     logprobs: None = None
 
 

@@ -11,6 +11,7 @@ allowed by a mask.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import xgrammar as xgr
@@ -18,6 +19,8 @@ import xgrammar as xgr
 from runtime.models.tokenizer import Tokenizer
 
 __all__ = ["tokenizer_info", "vocab_type"]
+
+_CONTROL = re.compile(rb"[\x00-\x09\x0b\x0c\x0e-\x1f]")
 
 
 def vocab_type(decoder: dict[str, Any] | None) -> xgr.VocabType:
@@ -45,9 +48,19 @@ def tokenizer_info(tokenizer: Tokenizer, model_vocab_size: int) -> xgr.Tokenizer
         if added.special and index < model_vocab_size:
             encoded[index] = ""
     decoder = json.loads(tokenizer.backend.to_str()).get("decoder")
+    kind = vocab_type(decoder)
+    info = xgr.TokenizerInfo(
+        encoded, kind, vocab_size=model_vocab_size, stop_token_ids=list(tokenizer.eos_token_ids)
+    )
+    # XGrammar 0.2.9 lets a JSON string with maxLength take raw control characters, which JSON
+    # forbids (json.loads and pydantic refuse them): tokens holding one (all but \n and \r, which
+    # it excludes itself) are never text under a constraint
+    stops = set(tokenizer.eos_token_ids)
+    banned = {i for i, b in enumerate(info.decoded_vocab) if i not in stops and _CONTROL.search(b)}
+    if not banned:
+        return info
+    for index in banned:
+        encoded[index] = ""
     return xgr.TokenizerInfo(
-        encoded,
-        vocab_type(decoder),
-        vocab_size=model_vocab_size,
-        stop_token_ids=list(tokenizer.eos_token_ids),
+        encoded, kind, vocab_size=model_vocab_size, stop_token_ids=list(tokenizer.eos_token_ids)
     )

@@ -25,6 +25,9 @@ from runtime.server.schemas import (
 )
 from runtime.server.state import get_state
 from runtime.server.streaming import EventStream, token_events
+from runtime.server.structured import constraint_of
+from runtime.server.tools import parse_tool_calls, plan_tools, render_chat_prompt
+from runtime.server.tools.stream import tool_events
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -59,7 +62,17 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
         route.engine, len(ids), COMPLETION_DEFAULT_MAX_TOKENS
     )
     params = gen.sampling_params(body, max_tokens)
-    sub = gen.submit(request, route, rid, ids, params, operation="text_completion", user=body.user)
+    constraint = constraint_of(body)
+    sub = gen.submit(
+        request,
+        route,
+        rid,
+        ids,
+        params,
+        operation="text_completion",
+        user=body.user,
+        constraint=constraint,
+    )
 
     def base() -> dict[str, Any]:
         return {
@@ -99,15 +112,24 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     rid = gen.begin(request, "chatcmpl", body.model, "chat")
     route = get_state(request).router.pick(body.model, user=body.user)
     tokenizer = route.engine.tokenizer
-    messages = [{"role": m.role, "content": m.content} for m in body.messages]
-    ids = tokenizer.encode(tokenizer.apply_chat_template(messages))
+    plan = plan_tools(body)  # tools and tool_choice (runtime.server.tools)
+    constraint = constraint_of(body)
+    if plan.constraint() is not None and constraint is not None:
+        raise InvalidRequestError(
+            f"{constraint.param} cannot be combined with tool_choice {plan.mode}",
+            param=constraint.param,
+        )
+    constraint = plan.constraint() or constraint
+    ids = tokenizer.encode(render_chat_prompt(tokenizer, body.messages, plan))
     max_tokens = (
         body.max_completion_tokens
         or body.max_tokens
         or gen.default_max_tokens(route.engine, len(ids), CHAT_DEFAULT_MAX_TOKENS)
     )
     params = gen.sampling_params(body, max_tokens)
-    sub = gen.submit(request, route, rid, ids, params, operation="chat", user=body.user)
+    sub = gen.submit(
+        request, route, rid, ids, params, operation="chat", user=body.user, constraint=constraint
+    )
 
     def base() -> dict[str, Any]:
         return {
@@ -117,6 +139,10 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
             "model": route.model,
         }
 
+    if body.stream and plan.is_offered:
+        usage = gen.usage_chunk_builder(base) if body.include_usage else None
+        events = tool_events(sub.handle, sub.cancel, plan, base, usage=usage)
+        return EventStream(events, on_close=sub.cancel)
     if body.stream:
 
         def chunk(text: str, finish_reason: str | None) -> dict[str, Any]:
@@ -142,13 +168,19 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     out = await gen.join(request, sub)
     payload = base()
     payload["object"] = "chat.completion"
+    message: dict[str, Any] = {"role": "assistant", "content": out.text}
+    finish_reason: str | None = out.finished_reason
+    if plan.is_offered and out.finished_reason == "stop":
+        parsed = parse_tool_calls(plan, out.text)
+        if parsed.tool_calls:
+            message = {
+                "role": "assistant",
+                "content": parsed.content,
+                "tool_calls": parsed.tool_calls,
+            }
+            finish_reason = "tool_calls"
     payload["choices"] = [
-        {
-            "index": 0,
-            "message": {"role": "assistant", "content": out.text},
-            "finish_reason": out.finished_reason,
-            "logprobs": None,
-        }
+        {"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}
     ]
     payload["usage"] = gen.usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
     return payload
