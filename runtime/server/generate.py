@@ -83,7 +83,6 @@ def submit(
             "gen_ai.operation.name": operation,
             "gen_ai.request.model": route.model,
             "gen_ai.request.max_tokens": params.max_tokens,
-            "fastllm.constraint": constraint.stats_label if constraint else "none",
         }
         state.start_span(request_id, traceparent, attributes)
     generation = GenerationRequest(

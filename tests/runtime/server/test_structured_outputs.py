@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from enum import Enum
 
 import jsonschema
@@ -284,3 +285,39 @@ def test_bad_constraints_are_typed_400s(
     assert isinstance(body, dict)
     assert body["param"] == param and body["type"] == "invalid_request_error"
     assert needle in body["message"]
+
+
+def test_constrained_requests_show_in_metrics(client: openai.OpenAI, served: LiveServer) -> None:
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def read() -> dict[tuple[str, str], float]:
+        text = httpx.get(f"{served.url}/metrics").text
+        return {
+            (s.name, s.labels.get("kind", "")): s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if s.name.startswith(("fastllm_constrained", "fastllm_grammar"))
+            and s.labels.get("model") == "llama"
+        }
+
+    before = read()
+    schema = {
+        "type": "object",
+        "properties": {"q": {"enum": [1, 2, 3]}},
+        "required": ["q"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "q", "schema": schema}}
+    for _ in range(2):  # a compile, then a cache hit
+        client.chat.completions.create(
+            model="llama", messages=USER, max_tokens=20, response_format=fmt
+        )  # type: ignore[arg-type]
+    key = ("fastllm_constrained_requests_total", "json")
+    deadline = time.monotonic() + 30  # the engine hands stats to the sinks after the response
+    while (after := read())[key] - before.get(key, 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert after[key] - before.get(key, 0) == 2
+    hits, misses = "fastllm_grammar_cache_hits_total", "fastllm_grammar_cache_misses_total"
+    assert after[(hits, "")] - before.get((hits, ""), 0) == 1
+    assert after[(misses, "")] - before.get((misses, ""), 0) == 1
