@@ -6,7 +6,7 @@ the same batch unconstrained, in one run, and grammar compile times for the test
 
 Both runs go through the same Engine on the `small` demo llama (vocab 32000, so each mask covers
 32000 tokens), greedy, prompts of one length. The constrained half follows an EBNF grammar of
-exactly 400 characters of [a-z ] (it cannot complete within the run, so every row decodes every
+exactly 3000 characters of [a-z ] (it cannot complete within the run, so every row decodes every
 step in both runs: the batch stays the same and only the masking differs). Unconstrained rows
 run with ignore_eos. Rounds are interleaved and the best of each side is kept (noisy machines).
 Compile times are fresh compiles (no cache) of the schemas the tests use, on the same vocabulary.
@@ -37,7 +37,7 @@ from runtime.models.loader import load_model
 TARGET_RATIO = 0.9
 PROMPT_TOKENS = 32
 DEFAULT_CACHE = Path(os.environ.get("FASTLLM_BENCH_CACHE", "/tmp/fastllm-bench"))
-LONG_TEXT = ConstraintSpec("grammar", "root ::= [a-z ]{400}", "guided_grammar")
+LONG_TEXT = ConstraintSpec("grammar", "root ::= [a-z ]{3000}", "guided_grammar")
 WEATHER = {
     "type": "object",
     "properties": {

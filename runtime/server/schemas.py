@@ -104,6 +104,14 @@ class ChatMessage(_Request):
     tool_call_id: str | None = None  # a tool result: the call it answers
     name: str | None = None
 
+    @model_validator(mode="after")
+    def _content_or_calls(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(
+                "content is required (only an assistant turn with tool_calls omits it)"
+            )
+        return self
+
 
 class ChatCompletionRequest(_Sampling, ChatToolFields):
     @model_validator(mode="before")
