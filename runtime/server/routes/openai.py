@@ -26,7 +26,8 @@ from runtime.server.schemas import (
 from runtime.server.state import get_state
 from runtime.server.streaming import EventStream, token_events
 from runtime.server.structured import constraint_of
-from runtime.server.tools import parse_tool_calls, plan_tools, render_chat_prompt
+from runtime.server.tools import plan_tools, render_chat_prompt
+from runtime.server.tools.response import assistant_message, chat_constraint
 from runtime.server.tools.stream import tool_events
 
 router = APIRouter(prefix="/v1", tags=["openai"])
@@ -62,7 +63,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
         route.engine, len(ids), COMPLETION_DEFAULT_MAX_TOKENS
     )
     params = gen.sampling_params(body, max_tokens)
-    constraint = constraint_of(body)
+    spec = constraint_of(body)  # structured output (runtime.server.structured)
     sub = gen.submit(
         request,
         route,
@@ -71,7 +72,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
         params,
         operation="text_completion",
         user=body.user,
-        constraint=constraint,
+        constraint=spec,
     )
 
     def base() -> dict[str, Any]:
@@ -113,13 +114,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     route = get_state(request).router.pick(body.model, user=body.user)
     tokenizer = route.engine.tokenizer
     plan = plan_tools(body)  # tools and tool_choice (runtime.server.tools)
-    constraint = constraint_of(body)
-    if plan.constraint() is not None and constraint is not None:
-        raise InvalidRequestError(
-            f"{constraint.param} cannot be combined with tool_choice {plan.mode}",
-            param=constraint.param,
-        )
-    constraint = plan.constraint() or constraint
+    constraint = chat_constraint(body, plan)
     ids = tokenizer.encode(render_chat_prompt(tokenizer, body.messages, plan))
     max_tokens = (
         body.max_completion_tokens
@@ -168,17 +163,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     out = await gen.join(request, sub)
     payload = base()
     payload["object"] = "chat.completion"
-    message: dict[str, Any] = {"role": "assistant", "content": out.text}
-    finish_reason: str | None = out.finished_reason
-    if plan.is_offered and out.finished_reason == "stop":
-        parsed = parse_tool_calls(plan, out.text)
-        if parsed.tool_calls:
-            message = {
-                "role": "assistant",
-                "content": parsed.content,
-                "tool_calls": parsed.tool_calls,
-            }
-            finish_reason = "tool_calls"
+    message, finish_reason = assistant_message(plan, out.text, out.finished_reason)
     payload["choices"] = [
         {"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}
     ]
