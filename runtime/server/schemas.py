@@ -100,17 +100,10 @@ class CompletionRequest(_Sampling):
 class ChatMessage(_Request):
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = None  # None: an assistant turn that only called tools
-    tool_calls: list[ToolCall] | None = None  # an assistant turn's calls (runtime.server.tools)
+    # an assistant turn's calls (runtime.server.tools)
+    tool_calls: list[ToolCall] | None = Field(None, max_length=16)
     tool_call_id: str | None = None  # a tool result: the call it answers
     name: str | None = None
-
-    @model_validator(mode="after")
-    def _content_or_calls(self) -> ChatMessage:
-        if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            raise ValueError(
-                "content is required (only an assistant turn with tool_calls omits it)"
-            )
-        return self
 
 
 class ChatCompletionRequest(_Sampling, ChatToolFields):

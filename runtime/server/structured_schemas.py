@@ -6,9 +6,11 @@ What they mean for the engine is decided in runtime.server.structured and runtim
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+Choices = Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=256)]
 
 
 class _Strict(BaseModel):
@@ -32,7 +34,7 @@ class StructuredOutputs(_Strict):
 
     json_: dict[str, Any] | str | None = Field(None, alias="json")
     regex: str | None = None
-    choice: list[str] | None = None
+    choice: Choices | None = None
     grammar: str | None = None
 
 
@@ -43,7 +45,7 @@ class StructuredFields(_Strict):
     )
     guided_json: dict[str, Any] | str | None = Field(None, description="extension (as vLLM)")
     guided_regex: str | None = Field(None, description="extension (as vLLM)")
-    guided_choice: list[str] | None = Field(None, description="extension (as vLLM)")
+    guided_choice: Choices | None = Field(None, description="extension (as vLLM)")
     guided_grammar: str | None = Field(None, description="extension (as vLLM): EBNF")
 
 

@@ -36,7 +36,8 @@ def tool_call_text(name: str, arguments: str) -> str:
         args: Any = json.loads(arguments)
     except ValueError:
         args = arguments
-    return "<tool_call>" + json.dumps({"name": name, "arguments": args}) + "</tool_call>"
+    call = json.dumps({"name": name, "arguments": args}, ensure_ascii=False)
+    return "<tool_call>" + call + "</tool_call>"
 
 
 def _message(m: ChatMessage) -> dict[str, Any]:

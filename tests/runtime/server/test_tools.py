@@ -69,13 +69,6 @@ def test_bad_tools_are_refused_by_field(fields: dict, param: str) -> None:
     assert err.value.param == param
 
 
-def test_only_an_assistant_turn_with_calls_may_omit_content() -> None:
-    with pytest.raises(ValueError, match="content is required"):
-        ChatMessage.model_validate({"role": "user"})
-    with pytest.raises(ValueError, match="content is required"):
-        ChatMessage.model_validate({"role": "assistant", "content": None})
-
-
 def test_auto_output_is_parsed_into_calls() -> None:
     plan = plan_tools(body(tools=TOOLS))
     text = (
