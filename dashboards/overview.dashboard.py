@@ -12,6 +12,7 @@ from dashboards.common import (
     prom,
     quantiles,
 )
+from dashboards.structured_panels import STRUCTURED_ROW
 
 SUCCESS = f"sum(rate(fastllm_request_success_total{{{MODEL_SEL}}}[{RATE}]))"
 FAILURE = f"sum(rate(fastllm_request_failure_total{{{MODEL_SEL}}}[{RATE}]))"
@@ -52,7 +53,8 @@ def latency(title: str, histogram: str, description: str) -> TimeSeries:
 dashboard = make_dashboard(
     uid="fastllm-overview",
     title="fastllm / Overview",
-    description="Traffic, outcomes, latency (TTFT, TPOT, end to end), throughput, scheduler state.",
+    description="Traffic, outcomes, latency (TTFT, TPOT, end to end), throughput, scheduler "
+    "state, structured output.",
     rows=[
         (
             4,
@@ -254,5 +256,6 @@ dashboard = make_dashboard(
                 ),
             ],
         ),
+        STRUCTURED_ROW,
     ],
 )

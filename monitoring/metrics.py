@@ -46,6 +46,12 @@ CONTRACT_METRIC_NAMES: tuple[str, ...] = (
     "fastllm_prefix_cache_queries_total",
     "fastllm_prefix_cache_hits_total",
     "fastllm_num_preemptions_total",
+    # structured output (monitoring.structured_metrics)
+    "fastllm_constrained_requests_total",
+    "fastllm_grammar_compile_seconds",
+    "fastllm_grammar_cache_hits_total",
+    "fastllm_grammar_cache_misses_total",
+    "fastllm_grammar_incomplete_total",
 )
 
 OPTIONAL_METRIC_NAMES: tuple[str, ...] = ("fastllm_device_tensor_active_ratio",)

@@ -214,8 +214,11 @@ class TracingSink:
                 "gen_ai.usage.cache_read.input_tokens": r.cached_tokens,
                 "fastllm.model_version": r.version,
                 "fastllm.batch_size": r.batch_size,
+                "fastllm.constraint": r.constraint,  # structured output: none, json, tools, ...
             }
         )
+        if r.constraint != "none":
+            span.set_attribute("fastllm.grammar_incomplete", r.grammar_incomplete)
         if r.finished_reason is not None:
             span.set_attribute("gen_ai.response.finish_reasons", (r.finished_reason,))
         if r.failure_reason is not None:

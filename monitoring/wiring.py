@@ -21,6 +21,7 @@ from monitoring.device_activity import (
 from monitoring.metrics import FastllmMetrics
 from monitoring.prometheus_sink import PrometheusSink
 from monitoring.samplers import MemoryCollector, gpu_memory_source
+from monitoring.structured_metrics import StructuredMetrics, StructuredOutputSink
 from monitoring.tracing import TracingSink, create_tracer_provider
 from runtime.config import Settings
 from runtime.engine.stats import AllocatorStats, StatsSink
@@ -41,12 +42,14 @@ class Monitoring:
     memory: MemoryCollector
     tracer_provider: TracerProvider
     tracing: TracingSink
+    structured: StructuredOutputSink | None = None  # grammar metrics (structured output)
 
     content_type = CONTENT_TYPE_LATEST
 
     @property
     def sinks(self) -> list[StatsSink]:
-        return [self.prometheus, self.tracing]
+        extra = [self.structured] if self.structured is not None else []
+        return [self.prometheus, self.tracing, *extra]
 
     def asgi_app(self) -> Any:
         """An ASGI app serving this registry (with content negotiation); mount it at /metrics."""
@@ -126,4 +129,5 @@ def create_monitoring(
         memory=memory,
         tracer_provider=provider,
         tracing=TracingSink(provider),
+        structured=StructuredOutputSink(StructuredMetrics.create(registry), models),
     )

@@ -17,6 +17,8 @@ from typing import Any
 from runtime.engine.batching.controller import AdaptiveBatchController, BusyTracker
 from runtime.engine.batching.warmup import WarmupPlan, run_warmup
 from runtime.engine.config import EngineConfig
+from runtime.engine.constraints.cache import GrammarCache
+from runtime.engine.constraints.vocab import tokenizer_info
 from runtime.engine.core import EngineCore
 from runtime.engine.model_runner import ModelRunner
 from runtime.engine.scheduler import Scheduler
@@ -44,6 +46,7 @@ class EngineParts:
         default_factory=threading.Lock
     )  # one encoder forward at a time
     debug_leaked: list[Any] = field(default_factory=list)  # blocks held on purpose (debug setting)
+    grammars: GrammarCache | None = None  # structured output; built at load for a causal LM
 
     def kv_cache_fits(self, num_tokens: int) -> bool:
         """Could a sequence of `num_tokens` ever get KV room (with the cache otherwise empty)?"""
@@ -112,6 +115,8 @@ def build_parts(
     if config.batch_warmup and loaded.is_causal_lm:  # seeds the step-time model (see warmup)
         plan = WarmupPlan.for_max_batch(controller.config.max_batch)
         run_warmup(core, loaded.tokenizer, plan, args.vocab_size)
+    if loaded.is_causal_lm:  # XGrammar's view of the vocabulary: once per loaded model
+        parts.grammars = GrammarCache(tokenizer_info(loaded.tokenizer, args.vocab_size))
     if config.debug_leak_blocks_per_request > 0:
         core.on_close = _debug_leaker(parts, config.debug_leak_blocks_per_request)
     return parts

@@ -31,6 +31,7 @@ from runtime.engine.batching.controller import (
 from runtime.engine.build import EngineParts, build_parts, default_loader
 from runtime.engine.choices import make_choices
 from runtime.engine.config import EngineConfig
+from runtime.engine.constraints import hooks as constraint_hooks
 from runtime.engine.embed import EmbeddingResult, embed_texts
 from runtime.engine.load_once import CallOnce
 from runtime.engine.reasons import FailureReason, FinishReason
@@ -97,6 +98,7 @@ class Engine:
         def on_close(seq: Sequence) -> None:  # under the core lock: only queues a job
             if previous is not None:
                 previous(seq)
+            constraint_hooks.record_outcome(seq)
             if self.verifier is not None and seq.is_verified:
                 self.verifier.submit_sequence(seq, loaded.model, loaded.dtype)
 
@@ -172,6 +174,7 @@ class Engine:
         if request.timeout_s is not None and not request.timeout_s > 0:
             raise InvalidRequestError("timeout must be positive", param="timeout")
         timeout_s = request.timeout_s or self.config.request_timeout_s
+        constraint_hooks.validate(parts.grammars, request)
         stats = RequestStats(
             request_id=request.request_id,
             model=request.model or self.config.model_name,
@@ -182,6 +185,7 @@ class Engine:
             n=params.n,
             operation=request.operation,
             traceparent=request.traceparent,
+            constraint=constraint_hooks.label(request),
         )
         return ValidatedRequest(request, ids, stats, deadline=time.monotonic() + timeout_s)
 
@@ -204,7 +208,10 @@ class Engine:
             refusal = core.scheduler.admission_refusal(seq.num_prompt_tokens, seq.num_seqs)
             if refusal is None:
                 seq.mark(RequestEvent.QUEUED, seq.stats.queued_ts)
-                core.add(seq)
+                if seq.constraint is None:
+                    core.add(seq)
+                else:  # queued once its grammar is compiled; no step waits for the compile
+                    constraint_hooks.add_when_compiled(core, seq)
                 return seq.handle
             retry_after_s = self._retry_after_s(parts)
         seq.stats.failure_reason = FailureReason.OVERLOADED
@@ -236,6 +243,7 @@ class Engine:
                 is_verified=index == 0
                 and self.verifier is not None
                 and self.verifier.should_verify(request.request_id),
+                constraint=constraint_hooks.new_state(parts.grammars, request),  # its own matcher
             )
 
         first = choice(0, validated.stats)
@@ -343,6 +351,8 @@ class Engine:
                 core.scheduler.finish(seq)
             records, core.records = core.records, []
         core.emit(None, records)
+        if self._parts.grammars is not None:
+            self._parts.grammars.close()
         if not core.is_running:
             self._parts.kv_cache.close()  # the page pool's memory back to the allocator
 

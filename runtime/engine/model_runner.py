@@ -17,6 +17,7 @@ import torch
 
 from runtime.engine.choice_logprob import add_sampled_logprobs
 from runtime.engine.choices import with_forks
+from runtime.engine.constraints.mask import accept_sampled, apply_constraint_masks
 from runtime.engine.sampling import sample
 from runtime.engine.scheduler import SchedulerOutput
 from runtime.memory.kv_cache import KVCache
@@ -71,9 +72,11 @@ class ModelRunner:
         seqs, fork_rows = with_forks([batch.items[i].seq for i in sampling_idx])
         if len(fork_rows) > len(sampling_idx):  # n choices: one prefill, a row for each choice
             logits = logits.index_select(0, torch.tensor(fork_rows, device=self.device))
+        apply_constraint_masks(logits, seqs)  # structured output: forbidden tokens -> -inf
         token_ids = sample(logits, [s.request.sampling for s in seqs], [s.generator for s in seqs])
         add_sampled_logprobs(logits, token_ids, seqs)
         tokens = token_ids.tolist()
+        accept_sampled(seqs, tokens)  # each constrained row's matcher takes its token
         for j, (i, token_id) in enumerate(zip(sampling_idx, tokens, strict=False)):
             sampled[i] = int(token_id)
             if seqs[j].is_verified:  # runtime.verify.verifier compares it with the reference path

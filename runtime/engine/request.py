@@ -26,6 +26,7 @@ from runtime.engine.stats import RequestStats
 from runtime.errors import FastllmError, InvalidRequestError, RequestTimeout
 
 if TYPE_CHECKING:
+    from runtime.engine.constraints.spec import ConstraintSpec
     from runtime.models.tokenizer import Tokenizer
 
 
@@ -40,6 +41,7 @@ class GenerationRequest:
     timeout_s: float | None = None  # None = the engine's request_timeout_s
     traceparent: str | None = None
     user: str | None = None
+    constraint: ConstraintSpec | None = None  # structured output (runtime.engine.constraints)
 
 
 @dataclass

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     import torch
 
     from runtime.engine.choice_group import ChoiceGroup
+    from runtime.engine.constraints.state import ConstraintState
     from runtime.engine.stopping import StopChecker
     from runtime.memory.kv_cache import SequenceKV
 
@@ -60,6 +61,7 @@ class Sequence:
     pending_forks: list[Sequence] = field(default_factory=list)
     fork_token: int | None = None  # a forked choice's first token, sampled from choice 0's logits
     cumulative_logprob: float = 0.0  # of the sampled tokens, kept only when best_of > n
+    constraint: ConstraintState | None = None  # its grammar's matcher (structured output)
 
     @property
     def request_id(self) -> str:

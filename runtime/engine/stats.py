@@ -73,6 +73,9 @@ class RequestStats:
     longest_choice_tokens: int = 0
     logprobs: bool = False  # sampled or prompt log-probabilities were asked
     constraint: str = "none"  # structured output: none | json | regex | choice | grammar | tools
+    grammar_cache_hit: bool | None = None  # constrained: its compiled grammar came from the cache
+    grammar_compile_seconds: float | None = None  # constrained, cache miss: the compile it waited
+    grammar_incomplete: bool = False  # constrained, ended (stop/length) before the grammar did
     # "stop" | "length" | "cancelled" when it ended normally; None when it failed
     finished_reason: FinishReason | None = None
     # "validation" | "overloaded" | "internal" | "timeout" when it failed; None otherwise

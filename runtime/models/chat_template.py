@@ -49,11 +49,12 @@ def _compile(source: str) -> Any:
 
 def render_chat_template(
     template: str | None,
-    messages: list[dict[str, str]],
+    messages: list[dict[str, Any]],
     *,
     bos_token: str,
     eos_token: str,
     add_generation_prompt: bool = True,
+    tools: list[dict[str, Any]] | None = None,  # for templates that render tools themselves
 ) -> str:
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("content"), str):
@@ -69,6 +70,7 @@ def render_chat_template(
             bos_token=bos_token,
             eos_token=eos_token,
             add_generation_prompt=add_generation_prompt,
+            tools=tools,
         )
     except TemplateError as exc:
         raise InvalidRequestError(f"chat template failed: {exc}", param="messages") from exc

@@ -112,7 +112,11 @@ class Tokenizer:
         return text
 
     def apply_chat_template(
-        self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """Render messages with the tokenizer's own template, or the built-in one
         (see runtime.models.chat_template.DEFAULT_CHAT_TEMPLATE)."""
@@ -122,6 +126,7 @@ class Tokenizer:
             bos_token=self.bos_token or "",
             eos_token=self.eos_token or "",
             add_generation_prompt=add_generation_prompt,
+            tools=tools,
         )
 
 

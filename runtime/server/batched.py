@@ -10,6 +10,7 @@ from typing import Any
 
 from starlette.requests import Request
 
+from runtime.engine.constraints import ConstraintSpec
 from runtime.errors import InvalidRequestError
 from runtime.server import choices as ch
 from runtime.server import generate as gen
@@ -38,7 +39,12 @@ def _base(rid: str, created: int, model: str, obj: str) -> Callable[[], dict[str
 
 
 async def completions(
-    body: CompletionRequest, request: Request, rid: str, route: Route, default_max_tokens: int
+    body: CompletionRequest,
+    request: Request,
+    rid: str,
+    route: Route,
+    default_max_tokens: int,
+    constraint: ConstraintSpec | None = None,
 ) -> Any:
     _check_stream(body, body.best_of)
     tokenizer = route.engine.tokenizer
@@ -51,7 +57,14 @@ async def completions(
         return gen.sampling_params(body, limit)
 
     subs = ch.submit_prompts(
-        request, route, rid, prompts, params, operation="text_completion", user=body.user
+        request,
+        route,
+        rid,
+        prompts,
+        params,
+        operation="text_completion",
+        user=body.user,
+        constraint=constraint,
     )
     base = _base(rid, subs[0].created, route.model, "text_completion")
 
@@ -92,10 +105,18 @@ async def chat(
     route: Route,
     ids: list[int],
     max_tokens: int,
+    constraint: ConstraintSpec | None = None,
 ) -> Any:
     params = gen.sampling_params(body, max_tokens)
     subs = ch.submit_prompts(
-        request, route, rid, [ids], lambda _: params, operation="chat", user=body.user
+        request,
+        route,
+        rid,
+        [ids],
+        lambda _: params,
+        operation="chat",
+        user=body.user,
+        constraint=constraint,
     )
     base = _base(rid, subs[0].created, route.model, "chat.completion.chunk")
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from starlette.requests import Request
 
+from runtime.engine.constraints import ConstraintSpec
 from runtime.engine.reasons import FinishReason
 from runtime.engine.request import TokenOutput
 from runtime.engine.sampling import SamplingParams
@@ -58,13 +59,24 @@ def submit_prompts(
     *,
     operation: str,
     user: str | None,
+    constraint: ConstraintSpec | None = None,
 ) -> list[gen.Submitted]:
+    """`constraint`: every prompt's every choice follows it (each choice its own matcher)."""
     subs: list[gen.Submitted] = []
     try:
         for k, ids in enumerate(prompts):
             rid = request_id if k == 0 else f"{request_id}-{k}"
             subs.append(
-                gen.submit(request, route, rid, ids, params(ids), operation=operation, user=user)
+                gen.submit(
+                    request,
+                    route,
+                    rid,
+                    ids,
+                    params(ids),
+                    operation=operation,
+                    user=user,
+                    constraint=constraint,
+                )
             )
     except BaseException:
         for sub in subs:  # one refused prompt refuses the request: stop what already runs

@@ -17,6 +17,7 @@ from typing import Any
 
 from starlette.requests import Request
 
+from runtime.engine.constraints import ConstraintSpec
 from runtime.engine.reasons import FinishReason
 from runtime.engine.request import GenerationRequest, RequestHandle, TokenOutput
 from runtime.engine.sampling import SamplingParams
@@ -75,6 +76,7 @@ def submit(
     *,
     operation: str,
     user: str | None,
+    constraint: ConstraintSpec | None = None,
 ) -> Submitted:
     state = get_state(request)
     traceparent = request.headers.get("traceparent")
@@ -94,6 +96,7 @@ def submit(
         operation=operation,
         traceparent=traceparent,
         user=user,
+        constraint=constraint,
     )
     try:
         handle = route.engine.submit(generation)

@@ -2,7 +2,7 @@
 
 Requests are strict (`"5"` is not an integer) and ignore unknown fields, as OpenAI-compatible
 servers do, so clients that send extra parameters keep working; OpenAI's own fields that this
-server does not implement (logprobs, tools, response_format, ...) are refused unless sent with
+server does not implement (logprobs, functions, ...) are refused unless sent with
 their neutral value (runtime.server.unsupported). These models are also what /openapi.json
 documents, so schemathesis generates cases from exactly these rules.
 """
@@ -15,6 +15,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 
 from runtime.engine.sampling import MAX_CHOICES
 from runtime.server.content import ContentParts
+from runtime.server.structured_schemas import ChatToolFields, StructuredFields, ToolCall
 from runtime.server.unsupported import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
@@ -54,7 +55,7 @@ class StreamOptions(_Request):
     continuous_usage_stats: bool = Field(False, description="extension (as vLLM): usage per chunk")
 
 
-class _Sampling(_Request):
+class _Sampling(_Request, StructuredFields):
     model: str = Field(min_length=1, max_length=256)
     max_tokens: PositiveInt | None = Field(None, description="default 16 (completions), 256 (chat)")
     temperature: float = Field(1.0, ge=0.0, le=2.0)
@@ -113,16 +114,24 @@ class CompletionRequest(_Sampling):
 
 class ChatMessage(_Request):
     role: Literal["system", "user", "assistant", "tool"]
-    content: str | ContentParts  # a list of text parts is joined (runtime.server.content)
+    # a list of text parts is joined (runtime.server.content); None: an assistant turn that
+    # only called tools
+    content: str | ContentParts | None = None
+    # an assistant turn's calls (runtime.server.tools)
+    tool_calls: list[ToolCall] | None = Field(None, max_length=16)
+    tool_call_id: str | None = None  # a tool result: the call it answers
+    name: str | None = None
 
     @property
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "\n".join(part.text for part in self.content)
 
 
-class ChatCompletionRequest(_Sampling):
+class ChatCompletionRequest(_Sampling, ChatToolFields):
     @model_validator(mode="before")
     @classmethod
     def _refuse_unsupported(cls, data: Any) -> Any:
@@ -181,13 +190,14 @@ class CompletionResponse(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
     logprobs: None = None
 
 

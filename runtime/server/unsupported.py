@@ -1,6 +1,6 @@
 """OpenAI request fields this server does not implement are refused, never silently ignored: a
-client asking for logprobs, tools or JSON mode must learn it does not get them. A field sent with
-its neutral value (`echo: false`, `tools: []`, `response_format: {"type": "text"}`, ...) asks for
+client asking for logprobs or legacy `functions` must learn it does not get them. A field sent with
+its neutral value (`echo: false`, `functions: []`, ...) asks for
 nothing and passes; any other value is a 400 naming the field. Fields that are not OpenAI's
 stay ignored, as in other OpenAI-compatible servers.
 """
@@ -36,11 +36,8 @@ CHAT_FIELDS: dict[str, tuple[Any, ...]] = {
     **_SAMPLING,
     "logprobs": _OFF,
     "top_logprobs": _ZERO,
-    "tools": _EMPTY,
-    "tool_choice": (None, "none"),
     "functions": _EMPTY,
     "function_call": (None, "none"),
-    "response_format": (None, {"type": "text"}),
     "modalities": (None, ["text"]),
     "audio": _NONE,
     "prediction": _NONE,

@@ -101,6 +101,8 @@ def attach_telemetry(state: ServerState) -> None:
     if settings.metrics_enabled:
         state.registry = monitoring.registry
         state.stats.add(monitoring.prometheus)
+        if monitoring.structured is not None:  # grammar metrics (structured output)
+            state.stats.add(monitoring.structured)
         sets = [engine for _, _, engine in engines if isinstance(engine, ReplicaSet)]
         if sets:  # fastllm_scheduler_steals_total follows the pools' cumulative steal counts
             monitoring.prometheus.set_steals_source(lambda: sum(s.num_steals for s in sets))

@@ -76,6 +76,8 @@ class Load:
                 if i % 7 == 1:  # the first request of each client, then every 7th
                     body["max_tokens"] = -1  # 400: counted as failure reason "validation"
                 body["stream"] = i % 3 == 0
+                if i % 4 == 2:  # structured output: a new grammar (a compile) or a cached one
+                    body["guided_choice"] = ["yes", "no", f"{k}-{i}" if i % 8 == 2 else "maybe"]
                 response = client.post("/v1/completions", json=body)
                 if response.status_code == 200:
                     self.num_ok += 1

@@ -26,6 +26,7 @@ HISTOGRAMS = {
     "fastllm_time_per_output_token_seconds",
     "fastllm_e2e_request_latency_seconds",
     "fastllm_request_queue_seconds",
+    "fastllm_grammar_compile_seconds",
 }
 
 

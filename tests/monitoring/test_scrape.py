@@ -47,6 +47,11 @@ CONTRACT: dict[str, tuple[str, set[str]]] = {
     "fastllm_prefix_cache_queries_total": ("counter", {"model", "version"}),
     "fastllm_prefix_cache_hits_total": ("counter", {"model", "version"}),
     "fastllm_num_preemptions_total": ("counter", {"model", "version"}),
+    "fastllm_constrained_requests_total": ("counter", {"model", "version", "kind"}),
+    "fastllm_grammar_compile_seconds": ("histogram", {"model", "version"}),
+    "fastllm_grammar_cache_hits_total": ("counter", {"model", "version"}),
+    "fastllm_grammar_cache_misses_total": ("counter", {"model", "version"}),
+    "fastllm_grammar_incomplete_total": ("counter", {"model", "version"}),
 }
 
 

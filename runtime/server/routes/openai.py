@@ -26,6 +26,10 @@ from runtime.server.schemas import (
 )
 from runtime.server.state import get_state
 from runtime.server.streaming import EventStream, token_events
+from runtime.server.structured import constraint_of
+from runtime.server.tools import plan_tools, render_chat_prompt
+from runtime.server.tools.response import assistant_message, chat_constraint
+from runtime.server.tools.stream import tool_events
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -55,14 +59,26 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
     rid = gen.begin(request, "cmpl", body.model, "text_completion")
     route = get_state(request).router.pick(body.model, user=body.user)
     if not batched.is_plain(body):  # a prompt batch, n / best_of, per-chunk usage
-        return await batched.completions(body, request, rid, route, COMPLETION_DEFAULT_MAX_TOKENS)
+        return await batched.completions(
+            body, request, rid, route, COMPLETION_DEFAULT_MAX_TOKENS, constraint_of(body)
+        )
     prompt = body.single_prompt
     ids = route.engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
     max_tokens = body.max_tokens or gen.default_max_tokens(
         route.engine, len(ids), COMPLETION_DEFAULT_MAX_TOKENS
     )
     params = gen.sampling_params(body, max_tokens)
-    sub = gen.submit(request, route, rid, ids, params, operation="text_completion", user=body.user)
+    spec = constraint_of(body)  # structured output (runtime.server.structured)
+    sub = gen.submit(
+        request,
+        route,
+        rid,
+        ids,
+        params,
+        operation="text_completion",
+        user=body.user,
+        constraint=spec,
+    )
 
     def base() -> dict[str, Any]:
         return {
@@ -102,17 +118,25 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     rid = gen.begin(request, "chatcmpl", body.model, "chat")
     route = get_state(request).router.pick(body.model, user=body.user)
     tokenizer = route.engine.tokenizer
-    messages = [{"role": m.role, "content": m.text} for m in body.messages]
-    ids = tokenizer.encode(tokenizer.apply_chat_template(messages))
+    plan = plan_tools(body)  # tools and tool_choice (runtime.server.tools)
+    constraint = chat_constraint(body, plan)
+    ids = tokenizer.encode(render_chat_prompt(tokenizer, body.messages, plan))
     max_tokens = (
         body.max_completion_tokens
         or body.max_tokens
         or gen.default_max_tokens(route.engine, len(ids), CHAT_DEFAULT_MAX_TOKENS)
     )
     if not batched.is_plain(body):  # n choices, per-chunk usage
-        return await batched.chat(body, request, rid, route, ids, max_tokens)
+        if plan.is_offered:
+            raise InvalidRequestError(
+                "tools with n > 1 or per-chunk usage are not supported yet; send n = 1",
+                param="n" if body.n != 1 else "stream_options",
+            )
+        return await batched.chat(body, request, rid, route, ids, max_tokens, constraint)
     params = gen.sampling_params(body, max_tokens)
-    sub = gen.submit(request, route, rid, ids, params, operation="chat", user=body.user)
+    sub = gen.submit(
+        request, route, rid, ids, params, operation="chat", user=body.user, constraint=constraint
+    )
 
     def base() -> dict[str, Any]:
         return {
@@ -122,6 +146,10 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
             "model": route.model,
         }
 
+    if body.stream and plan.is_offered:
+        usage = gen.usage_chunk_builder(base) if body.include_usage else None
+        events = tool_events(sub.handle, sub.cancel, plan, base, usage=usage)
+        return EventStream(events, on_close=sub.cancel)
     if body.stream:
 
         def chunk(text: str, finish_reason: str | None) -> dict[str, Any]:
@@ -147,13 +175,9 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     out = await gen.join(request, sub)
     payload = base()
     payload["object"] = "chat.completion"
+    message, finish_reason = assistant_message(plan, out.text, out.finished_reason)
     payload["choices"] = [
-        {
-            "index": 0,
-            "message": {"role": "assistant", "content": out.text},
-            "finish_reason": out.finished_reason,
-            "logprobs": None,
-        }
+        {"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}
     ]
     payload["usage"] = gen.usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
     return payload

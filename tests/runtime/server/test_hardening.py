@@ -143,8 +143,8 @@ def test_deep_json_is_a_counted_400_with_its_row(app: InProcess) -> None:
         ("/v1/completions", COMPLETION, "logit_bias", {"5": 10}),
         ("/v1/chat/completions", CHAT, "logprobs", True),
         ("/v1/chat/completions", CHAT, "top_logprobs", 3),
-        ("/v1/chat/completions", CHAT, "tools", [{"type": "function", "function": {"name": "f"}}]),
-        ("/v1/chat/completions", CHAT, "response_format", {"type": "json_object"}),
+        ("/v1/chat/completions", CHAT, "functions", [{"name": "f"}]),
+        ("/v1/chat/completions", CHAT, "function_call", "auto"),
         ("/v1/embeddings", EMBEDDING, "dimensions", 8),
     ],
 )

@@ -31,6 +31,8 @@ EXAMPLES_PER_OPERATION = 80  # x 2 modes x the operations: over 1,000 cases
 SEED = 17
 MAX_NEW_TOKENS = 3
 VOCAB = 512  # the demo llama's vocabulary
+STRUCTURED_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex")
+STRUCTURED_FIELDS += ("guided_choice", "guided_grammar")
 
 
 def _steer(body: Any, path: str, mode: GenerationMode) -> Any:
@@ -38,6 +40,12 @@ def _steer(body: Any, path: str, mode: GenerationMode) -> Any:
         return body
     if mode == GenerationMode.POSITIVE and isinstance(body.get("model"), str):
         body["model"] = "bert" if path.endswith("/embeddings") else "llama"
+    if mode == GenerationMode.POSITIVE:
+        # any string is a schema-valid regex, grammar or JSON Schema, but few are valid ones (the
+        # grammar engine's 400 names the field); tools, tool_choice and the one-constraint rule
+        # are cross-field: tests/runtime/server/test_structured_outputs.py covers these fields
+        for key in (*STRUCTURED_FIELDS, "tools", "tool_choice"):
+            body.pop(key, None)
     prompt = body.get("prompt")
     batch = (
         prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], list) else [prompt]

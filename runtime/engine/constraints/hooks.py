@@ -1,0 +1,55 @@
+"""What the Engine calls for a constrained request, one line each: validate, label, new_state,
+add_when_compiled (admit.py), record_outcome (when it closes)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from runtime.engine.constraints.admit import add_when_compiled
+from runtime.engine.constraints.cache import GrammarCache
+from runtime.engine.constraints.state import ConstraintState
+from runtime.engine.reasons import FinishReason
+from runtime.engine.request import GenerationRequest
+from runtime.errors import InvalidRequestError
+
+if TYPE_CHECKING:
+    from runtime.engine.sequence import Sequence
+
+__all__ = ["add_when_compiled", "label", "new_state", "record_outcome", "validate"]
+
+
+def validate(grammars: GrammarCache | None, request: GenerationRequest) -> None:
+    """A constraint the grammar engine refuses is a 400 naming the request's field."""
+    spec = request.constraint
+    if spec is None:
+        return
+    if grammars is None:
+        raise InvalidRequestError("this model cannot take structured output", param=spec.param)
+    if request.sampling.ignore_eos:  # a finished grammar allows only eos: it must end the output
+        raise InvalidRequestError(
+            f"ignore_eos cannot be combined with {spec.param}", param="ignore_eos"
+        )
+    spec.to_grammar()
+
+
+def label(request: GenerationRequest) -> str:
+    return "none" if request.constraint is None else request.constraint.stats_label
+
+
+def new_state(grammars: GrammarCache | None, request: GenerationRequest) -> ConstraintState | None:
+    """The request's matcher-to-be; its compile starts now (or is found in the cache)."""
+    if request.constraint is None or grammars is None:
+        return None
+    future, hit = grammars.get(request.constraint)
+    return ConstraintState(request.constraint, future, hit)
+
+
+def record_outcome(seq: Sequence) -> None:
+    """Into the request's stats (under the core lock, as it closes)."""
+    state = seq.constraint
+    if state is None:
+        return
+    seq.stats.grammar_cache_hit = state.cache_hit
+    seq.stats.grammar_compile_seconds = state.compile_seconds
+    ended = seq.stats.finished_reason in (FinishReason.STOP, FinishReason.LENGTH)
+    seq.stats.grammar_incomplete = ended and not state.is_complete
