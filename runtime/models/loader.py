@@ -8,6 +8,7 @@ requested dtype/device one by one, and installed with `load_state_dict(assign=Tr
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,7 @@ from runtime.models.bert import BertEncoder
 from runtime.models.checkpoint import TensorSource, open_checkpoint
 from runtime.models.config import ModelArgs
 from runtime.models.gemma import GemmaForCausalLM
+from runtime.models.gguf_io.reader import is_gguf
 from runtime.models.llama import LlamaForCausalLM
 from runtime.models.weights import is_ignored, weight_table
 
@@ -69,6 +71,8 @@ def load_model(
     load_tokenizer: bool = True,
 ) -> LoadedModel:
     path = Path(path)
+    if is_gguf(path):  # a single llama.cpp file: metadata, weights and tokenizer in one
+        return load_gguf_model(path, dtype=dtype, device=device, load_tokenizer=load_tokenizer)
     if not path.is_dir():
         raise ModelLoadError(f"model directory {path} does not exist")
     args = read_args(path)
@@ -87,6 +91,34 @@ def load_model(
         tokenizer = Tokenizer.from_dir(path)
     return LoadedModel(
         model, args, tokenizer, torch_device, torch_dtype, path, source.is_legacy, source.metadata
+    )
+
+
+def load_gguf_model(
+    path: Path,
+    *,
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device = "auto",
+    load_tokenizer: bool = True,
+    on_tensor: Callable[[str], None] | None = None,
+) -> LoadedModel:
+    """A GGUF file, dequantized to `dtype` (runtime.models.gguf_io)."""
+    from runtime.models.gguf_io import GGUFSource, load_gguf_tokenizer, model_args, open_gguf
+
+    file = open_gguf(path)
+    args = model_args(file)
+    torch_dtype = resolve_dtype(dtype)
+    torch_device = resolve_device(device)
+    source = GGUFSource(file, args)
+    source.on_tensor = on_tensor
+    tokenizer = load_gguf_tokenizer(file) if load_tokenizer else None  # bad vocab: fail early
+    state = read_state(args, source, torch_dtype, torch_device)
+    with torch.device("meta"):
+        model = MODEL_CLASSES[args.arch](args)
+    model.load_state_dict(state, strict=True, assign=True)
+    model.eval().requires_grad_(False)
+    return LoadedModel(
+        model, args, tokenizer, torch_device, torch_dtype, path, False, source.metadata
     )
 
 

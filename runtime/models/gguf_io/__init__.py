@@ -1,0 +1,42 @@
+"""GGUF checkpoints (llama.cpp's format) as a checkpoint source beside safetensors.
+
+file = open_gguf(path)                 # metadata + packed tensors, sizes checked (reader.py)
+args = model_args(file)                # llama / qwen2 metadata -> ModelArgs (args.py)
+source = GGUFSource(file, args)        # HF names, dequantized, rope rows restored (source.py)
+tokenizer = load_gguf_tokenizer(file)  # tokenizer.ggml.* + chat template (tokenizer.py)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from runtime.models.gguf_io.args import hf_config, model_args
+from runtime.models.gguf_io.reader import GGUFFile, GGUFTensor, dequantize, is_gguf, open_gguf
+from runtime.models.gguf_io.source import GGUFSource, hf_name, unpair_rope_rows
+from runtime.models.gguf_io.tokenizer import gguf_tokenizer, tokenizer_config_json
+
+if TYPE_CHECKING:
+    from runtime.models.tokenizer import Tokenizer
+
+__all__ = [
+    "GGUFFile",
+    "GGUFSource",
+    "GGUFTensor",
+    "dequantize",
+    "gguf_tokenizer",
+    "hf_config",
+    "hf_name",
+    "is_gguf",
+    "load_gguf_tokenizer",
+    "model_args",
+    "open_gguf",
+    "tokenizer_config_json",
+    "unpair_rope_rows",
+]
+
+
+def load_gguf_tokenizer(file: GGUFFile) -> Tokenizer:
+    from runtime.models.tokenizer import Tokenizer
+
+    backend, config = gguf_tokenizer(file)
+    return Tokenizer(backend, config)
