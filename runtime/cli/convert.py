@@ -1,5 +1,6 @@
 """`fastllm convert`: an old checkpoint (safetensors or a legacy pytorch_model.bin, read with
-weights_only=True) -> a safetensors checkpoint, optionally with the GeGLU fix applied."""
+weights_only=True) -> a safetensors checkpoint, optionally with the GeGLU fix applied; or a GGUF
+file (llama.cpp's format) -> an HF-layout directory (dequantized float32 weights + tokenizer)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ Examples:
   fastllm convert --input old-models/gemma --output models/gemma --fix-geglu
   fastllm convert --input old-models/llama --output models/llama
   fastllm convert --input models/gemma --output models/gemma-2 --fix-geglu --force
+  fastllm convert --input SmolLM2-135M-Instruct.Q4_1.gguf --output models/smollm2
 """
 
 
@@ -20,8 +22,9 @@ Examples:
     "--input",
     "input_dir",
     required=True,
-    type=click.Path(path_type=Path, exists=True, file_okay=False),
-    help="Checkpoint directory to read (config.json + safetensors or pytorch_model.bin).",
+    type=click.Path(path_type=Path, exists=True),
+    help="Checkpoint directory to read (config.json + safetensors or pytorch_model.bin), "
+    "or a .gguf file.",
 )
 @click.option(
     "--output",
@@ -40,7 +43,8 @@ Examples:
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def command(input_dir: Path, output_dir: Path, fix_geglu: bool, force: bool, quiet: bool) -> None:
     """Convert the checkpoint in --input to safetensors in --output, recording provenance
-    (fastllm.geglu_fix, fastllm.source_sha256, fastllm.converted_from) in its metadata."""
+    (fastllm.geglu_fix, fastllm.source_sha256, fastllm.converted_from; for a GGUF input also
+    fastllm.gguf_file and fastllm.gguf_types, its quantization) in its metadata."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 

@@ -24,7 +24,7 @@ from runtime.models.config import ModelArgs
 from runtime.models.gemma import GemmaForCausalLM
 from runtime.models.gguf_io.reader import is_gguf
 from runtime.models.llama import LlamaForCausalLM
-from runtime.models.weights import is_ignored, weight_table
+from runtime.models.weights import WeightEntry, is_ignored, weight_table
 
 if TYPE_CHECKING:
     from runtime.models.tokenizer import Tokenizer
@@ -153,6 +153,18 @@ def resolve_device(device: str | torch.device) -> torch.device:
 def read_state(
     args: ModelArgs, source: TensorSource, dtype: torch.dtype, device: torch.device
 ) -> dict[str, Tensor]:
+    table = check_tensors(args, source)
+    parts: dict[str, list[Tensor]] = {}
+    for entry in table:  # fused targets collect their parts in table order
+        tensor = source.get(entry.hf_name).to(device=device, dtype=dtype)
+        parts.setdefault(entry.target, []).append(tensor)
+    return {
+        name: (ts[0] if len(ts) == 1 else torch.cat(ts)).contiguous() for name, ts in parts.items()
+    }
+
+
+def check_tensors(args: ModelArgs, source: TensorSource) -> list[WeightEntry]:
+    """Names and shapes against the weight table, before any tensor data is read."""
     table = weight_table(args)
     present = set(source.names())
     missing = [e.hf_name for e in table if e.hf_name not in present]
@@ -173,10 +185,4 @@ def read_state(
                 f"tensor {entry.hf_name!r} has shape {list(shape)}, config.json implies "
                 f"{list(entry.shape)}"
             )
-    parts: dict[str, list[Tensor]] = {}
-    for entry in table:  # fused targets collect their parts in table order
-        tensor = source.get(entry.hf_name).to(device=device, dtype=dtype)
-        parts.setdefault(entry.target, []).append(tensor)
-    return {
-        name: (ts[0] if len(ts) == 1 else torch.cat(ts)).contiguous() for name, ts in parts.items()
-    }
+    return table

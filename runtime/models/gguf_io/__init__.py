@@ -8,6 +8,7 @@ tokenizer = load_gguf_tokenizer(file)  # tokenizer.ggml.* + chat template (token
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runtime.models.gguf_io.args import hf_config, model_args
@@ -22,6 +23,7 @@ __all__ = [
     "GGUFFile",
     "GGUFSource",
     "GGUFTensor",
+    "check_gguf",
     "dequantize",
     "gguf_tokenizer",
     "hf_config",
@@ -33,6 +35,19 @@ __all__ = [
     "tokenizer_config_json",
     "unpair_rope_rows",
 ]
+
+
+def check_gguf(path: str | Path) -> GGUFFile:
+    """Everything about a GGUF file that can be checked without dequantizing: header and sizes,
+    architecture and shapes, tensor names and types, tokenizer metadata. Seconds at most (the
+    file is memory-mapped), so `fastllm serve` runs it before starting the server."""
+    from runtime.models.loader import check_tensors
+
+    file = open_gguf(path)
+    args = model_args(file)
+    check_tensors(args, GGUFSource(file, args))
+    gguf_tokenizer(file)
+    return file
 
 
 def load_gguf_tokenizer(file: GGUFFile) -> Tokenizer:

@@ -20,7 +20,7 @@ from torch import Tensor
 from runtime.errors import ModelLoadError
 from runtime.models.checkpoint import TensorSource
 from runtime.models.config import ModelArgs
-from runtime.models.gguf_io.reader import GGUFFile, GGUFTensor, dequantize
+from runtime.models.gguf_io.reader import DEQUANTIZABLE, GGUFFile, GGUFTensor, dequantize
 
 _GLOBAL = {
     "token_embd": "model.embed_tokens",
@@ -75,6 +75,11 @@ class GGUFSource(TensorSource):
                     continue
                 raise ModelLoadError(
                     f"{file.path}: unexpected tensor {name!r} for {file.architecture}"
+                )
+            if tensor.ggml_type not in DEQUANTIZABLE:  # refused before any data is read
+                raise ModelLoadError(
+                    f"{file.path}: tensor {name!r} has type {tensor.ggml_type}, which is not "
+                    f"supported (supported: {', '.join(DEQUANTIZABLE)})"
                 )
             by_hf[target] = tensor
         metadata = {
