@@ -88,22 +88,49 @@ def open_gguf(path: str | Path) -> GGUFFile:
     import gguf  # a runtime dependency, imported here so safetensors-only users never pay for it
 
     try:
-        reader = gguf.GGUFReader(str(path))
+        reader = _checked_reader(gguf, path, size)
         metadata = {key: field.contents() for key, field in reader.fields.items() if field.types}
         raw = list(reader.tensors)
+    except ModelLoadError:
+        raise
     except Exception as exc:  # the reader raises ValueError/IndexError/KeyError on bad bytes
-        raise ModelLoadError(f"{path}: not a readable GGUF file ({_one_line(exc)})") from exc
+        raise ModelLoadError(
+            f"{path}: not a readable GGUF file, header truncated or corrupt ({_one_line(exc)})"
+        ) from exc
     tensors: dict[str, GGUFTensor] = {}
     for t in raw:
         end = int(t.data_offset) + int(t.n_bytes)
         if end > size:
-            raise ModelLoadError(
-                f"{path}: tensor {t.name!r} claims bytes up to {end}, the file has {size} "
-                "(truncated or corrupt)"
-            )
+            raise _beyond_end(path, t.name, end, size)
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # GGML lists dims inner first
         tensors[t.name] = GGUFTensor(t.name, t.tensor_type.name, shape, t.data)
     return GGUFFile(path, metadata, tensors)
+
+
+def _beyond_end(path: Path, name: str, end: int, size: int) -> ModelLoadError:
+    return ModelLoadError(
+        f"{path}: tensor {name!r} claims bytes up to {end}, the file has {size} "
+        "(truncated, or a header that lies about sizes)"
+    )
+
+
+def _checked_reader(gguf: Any, path: Path, size: int) -> Any:
+    """gguf's reader, with each tensor's claimed extent checked against the file before the
+    reader slices the map (where a short slice would surface as an obscure reshape error)."""
+
+    class CheckedReader(gguf.GGUFReader):  # type: ignore[misc, name-defined]
+        def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
+            for field in fields:
+                _, name, _, dims, raw_type, offset = field.parts
+                qtype = gguf.GGMLQuantizationType(int(raw_type[0]))
+                block, type_bytes = gguf.GGML_QUANT_SIZES[qtype]
+                n_bytes = int(np.prod(dims.astype(object))) * type_bytes // block  # no overflow
+                end = int(start_offs) + int(offset[0]) + n_bytes
+                if end > size:
+                    raise _beyond_end(path, bytes(name).decode(errors="replace"), end, size)
+            super()._build_tensors(start_offs, fields)
+
+    return CheckedReader(str(path))
 
 
 def _check_header(path: Path) -> int:
