@@ -8,6 +8,8 @@ requested dtype/device one by one, and installed with `load_state_dict(assign=Tr
 from __future__ import annotations
 
 import json
+import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +31,7 @@ from runtime.models.weights import WeightEntry, is_ignored, weight_table
 if TYPE_CHECKING:
     from runtime.models.tokenizer import Tokenizer
 
+log = logging.getLogger("fastllm.models")
 MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "llama": LlamaForCausalLM,
     "gemma": GemmaForCausalLM,
@@ -112,7 +115,15 @@ def load_gguf_model(
     source = GGUFSource(file, args)
     source.on_tensor = on_tensor
     tokenizer = load_gguf_tokenizer(file) if load_tokenizer else None  # bad vocab: fail early
+    started = time.perf_counter()
+    log.info(
+        "%s: dequantizing %d tensors (%s); `fastllm convert` once makes later starts fast",
+        path,
+        len(source.names()),
+        source.metadata["fastllm.gguf_types"],
+    )
     state = read_state(args, source, torch_dtype, torch_device)
+    log.info("%s: dequantized in %.1f s", path, time.perf_counter() - started)
     with torch.device("meta"):
         model = MODEL_CLASSES[args.arch](args)
     model.load_state_dict(state, strict=True, assign=True)
