@@ -73,7 +73,13 @@ def run(path: Path, prompts: list[list[int]], max_tokens: int) -> tuple[Results,
     verifier = Verifier(fanout, sample_rate=1.0, queue_size=4096)
     loaded = load_model(path, dtype="float32", device="cpu")
     engine = Engine(
-        EngineConfig(model_name=path.name, device="cpu", dtype="float32", max_num_seqs=32),
+        EngineConfig(
+            model_name=path.name,
+            device="cpu",
+            dtype="float32",
+            max_num_seqs=32,
+            max_queued_requests=max(len(prompts), 1),  # all submitted at once
+        ),
         fanout,
         loader=lambda: loaded,
         verifier=verifier,
@@ -103,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_argument(parser)
     parser.add_argument("--requests", type=int, default=300)
-    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=4)
     parser.add_argument("--corrupt-requests", type=int, default=8)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
