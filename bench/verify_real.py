@@ -79,18 +79,23 @@ def run(path: Path, prompts: list[list[int]], max_tokens: int) -> tuple[Results,
             dtype="float32",
             max_num_seqs=32,
             max_queued_requests=max(len(prompts), 1),  # all submitted at once
+            request_timeout_s=24 * 3600.0,  # queued behind hundreds of others on a slow CPU
         ),
         fanout,
         loader=lambda: loaded,
         verifier=verifier,
     )
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    handles = [engine.submit(GenerationRequest(f"r{i}", p, params)) for i, p in enumerate(prompts)]
-    for handle in handles:
-        handle.result(timeout=3600)
-    verifier.flush()
-    engine.shutdown(drain_timeout_s=30)
-    verifier.close(timeout=600)
+    try:
+        handles = [
+            engine.submit(GenerationRequest(f"r{i}", p, params)) for i, p in enumerate(prompts)
+        ]
+        for handle in handles:
+            handle.result()
+        verifier.flush()
+    finally:
+        engine.shutdown(drain_timeout_s=30)
+        verifier.close(timeout=600)
     return results, verifier
 
 
