@@ -32,8 +32,8 @@ def resolve_model(model: Path | None, cache_dir: Path) -> Path | None:
         return model
     out = cache_dir / f"gguf-{model.stem}"
     if not (out / "config.json").is_file():
-        from runtime.tools.convert import convert_checkpoint
+        from runtime.tools.convert_gguf import convert_gguf
 
         print(f"converting {model} into {out}", file=sys.stderr)
-        convert_checkpoint(model, out)
+        convert_gguf(model, out)
     return out

@@ -48,7 +48,10 @@ def command(input_dir: Path, output_dir: Path, fix_geglu: bool, force: bool, qui
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+    from runtime.errors import ConfigError
+    from runtime.models.gguf_io.reader import is_gguf
     from runtime.tools.convert import convert_checkpoint
+    from runtime.tools.convert_gguf import convert_gguf
 
     console = Console(stderr=True)
     columns = (
@@ -63,9 +66,14 @@ def command(input_dir: Path, output_dir: Path, fix_geglu: bool, force: bool, qui
         def on_tensor(name: str, index: int, total: int) -> None:
             progress.update(task, completed=index, total=total, name=name)
 
-        result = convert_checkpoint(
-            input_dir, output_dir, fix_geglu=fix_geglu, force=force, on_tensor=on_tensor
-        )
+        if is_gguf(input_dir):  # a llama.cpp file: dequantized into an HF-layout directory
+            if fix_geglu:
+                raise ConfigError("--fix-geglu does not apply to a GGUF input", param="fix_geglu")
+            result = convert_gguf(input_dir, output_dir, on_tensor=on_tensor)
+        else:
+            result = convert_checkpoint(
+                input_dir, output_dir, fix_geglu=fix_geglu, force=force, on_tensor=on_tensor
+            )
     fixed = f", GeGLU fix on {len(result.fixed_tensors)} tensors" if result.fixed_tensors else ""
     click.echo(
         f"wrote {result.output / 'model.safetensors'}: {result.num_tensors} tensors from "

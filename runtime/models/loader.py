@@ -106,7 +106,10 @@ def load_gguf_model(
     on_tensor: Callable[[str], None] | None = None,
 ) -> LoadedModel:
     """A GGUF file, dequantized to `dtype` (runtime.models.gguf_io)."""
-    from runtime.models.gguf_io import GGUFSource, load_gguf_tokenizer, model_args, open_gguf
+    from runtime.models.gguf_io.args import model_args
+    from runtime.models.gguf_io.reader import open_gguf
+    from runtime.models.gguf_io.source import GGUFSource
+    from runtime.models.gguf_io.tokenizer import load_gguf_tokenizer
 
     file = open_gguf(path)
     args = model_args(file)

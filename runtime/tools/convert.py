@@ -1,5 +1,5 @@
 """Weight conversion: an old checkpoint directory -> a safetensors checkpoint with provenance.
-(A GGUF file as input goes to runtime.tools.convert_gguf.)
+(A GGUF file as input: runtime.tools.convert_gguf; `fastllm convert` picks by input.)
 
 Reads safetensors, or legacy torch files (`pytorch_model.bin`, sharded or not) with
 `torch.load(weights_only=True)`: a pickle that would run code is refused (UnsafeCheckpointError)
@@ -35,7 +35,6 @@ from torch import Tensor
 from runtime.errors import ConfigError, ModelLoadError
 from runtime.models.checkpoint import open_checkpoint, safetensors_files
 from runtime.models.config import ModelArgs
-from runtime.models.gguf_io.reader import is_gguf
 from runtime.models.loader import read_args
 
 META_GEGLU_FIX = "fastllm.geglu_fix"
@@ -110,12 +109,6 @@ def convert_checkpoint(
     progress. Raises ConfigError for a refused request, ModelLoadError / UnsafeCheckpointError
     for an unreadable input."""
     src, dst = Path(input_dir), Path(output_dir)
-    if is_gguf(src):  # a llama.cpp file: dequantized into an HF-layout directory
-        if fix_geglu:
-            raise ConfigError("--fix-geglu does not apply to a GGUF input", param="fix_geglu")
-        from runtime.tools.convert_gguf import convert_gguf
-
-        return convert_gguf(src, dst, on_tensor=on_tensor)
     if not src.is_dir():
         raise ConfigError(f"input {src} is not a directory", param="input")
     if dst.exists() and dst.resolve() == src.resolve():

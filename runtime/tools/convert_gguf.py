@@ -42,8 +42,14 @@ META_GGUF_TYPES = "fastllm.gguf_types"
 
 
 def convert_gguf(
-    src: Path, dst: Path, *, on_tensor: Callable[[str, int, int], None] | None = None
+    src: str | Path,
+    dst: str | Path,
+    *,
+    on_tensor: Callable[[str, int, int], None] | None = None,
 ) -> ConvertResult:
+    """`src` (a .gguf file) into `dst` (created). `on_tensor(name, index, total)` reports
+    progress. Raises ModelLoadError for an unreadable or unsupported file."""
+    src, dst = Path(src), Path(dst)
     if dst.exists() and not dst.is_dir():
         raise ConfigError(f"--output {dst} exists and is not a directory", param="output")
     file = open_gguf(src)

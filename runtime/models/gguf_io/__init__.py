@@ -9,15 +9,15 @@ tokenizer = load_gguf_tokenizer(file)  # tokenizer.ggml.* + chat template (token
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from runtime.models.gguf_io.args import hf_config, model_args
 from runtime.models.gguf_io.reader import GGUFFile, GGUFTensor, dequantize, is_gguf, open_gguf
 from runtime.models.gguf_io.source import GGUFSource, hf_name, unpair_rope_rows
-from runtime.models.gguf_io.tokenizer import gguf_tokenizer, tokenizer_config_json
-
-if TYPE_CHECKING:
-    from runtime.models.tokenizer import Tokenizer
+from runtime.models.gguf_io.tokenizer import (
+    gguf_tokenizer,
+    load_gguf_tokenizer,
+    tokenizer_config_json,
+)
 
 __all__ = [
     "GGUFFile",
@@ -48,10 +48,3 @@ def check_gguf(path: str | Path) -> GGUFFile:
     check_tensors(args, GGUFSource(file, args))
     gguf_tokenizer(file)
     return file
-
-
-def load_gguf_tokenizer(file: GGUFFile) -> Tokenizer:
-    from runtime.models.tokenizer import Tokenizer
-
-    backend, config = gguf_tokenizer(file)
-    return Tokenizer(backend, config)

@@ -12,13 +12,16 @@ SentencePiece-style llama vocabularies ("llama") are refused with a one-line err
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tokenizers
 from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
 
 from runtime.errors import ModelLoadError
 from runtime.models.gguf_io.reader import GGUFFile
+
+if TYPE_CHECKING:
+    from runtime.models.tokenizer import Tokenizer
 
 _CONTROL, _USER_DEFINED = 3, 4
 
@@ -70,6 +73,14 @@ def gguf_tokenizer(file: GGUFFile) -> tuple[tokenizers.Tokenizer, dict[str, Any]
         "model_max_length": file.get(f"{file.architecture}.context_length"),
     }
     return backend, {k: v for k, v in config.items() if v is not None}
+
+
+def load_gguf_tokenizer(file: GGUFFile) -> Tokenizer:
+    """The runtime's Tokenizer (special tokens, chat template) for a GGUF file."""
+    from runtime.models.tokenizer import Tokenizer  # lazy: the tokenizer module is the heavier one
+
+    backend, config = gguf_tokenizer(file)
+    return Tokenizer(backend, config)
 
 
 def tokenizer_config_json(config: dict[str, Any]) -> str:

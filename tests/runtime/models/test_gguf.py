@@ -14,7 +14,7 @@ import torch
 
 from runtime.models import CausalLM, load_model
 from runtime.models.gguf_io import GGUFSource, check_gguf, model_args, open_gguf
-from runtime.tools.convert import convert_checkpoint
+from runtime.tools.convert_gguf import convert_gguf
 from tests.runtime.models.builders import build_llama, build_qwen2
 from tests.runtime.models.gguf_files import write_gguf
 from tests.runtime.models.paged import Pages
@@ -103,7 +103,7 @@ def test_convert_writes_a_directory_that_loads_the_same(
     checkpoints: dict[str, Path], tmp_path: Path
 ) -> None:
     path = write_gguf(checkpoints["qwen2"], tmp_path / "m.gguf", qtype="Q4_1")
-    result = convert_checkpoint(path, tmp_path / "out")
+    result = convert_gguf(path, tmp_path / "out")
     # embedding, final norm, head + 2 layers x (7 matrices, 2 norms, 3 q/k/v biases)
     assert result.converted_from == "gguf" and result.num_tensors == 3 + 2 * 12
     converted = load_model(tmp_path / "out", device="cpu")
