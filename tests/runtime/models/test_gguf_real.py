@@ -101,24 +101,15 @@ def test_greedy_tokens_through_the_server_match_transformers(
         assert result.token_ids == expected
         reply = client.chat.completions.create(
             model=SERVED_NAME,
-            messages=chat,
+            messages=chat,  # type: ignore[arg-type]
             max_tokens=GREEDY_TOKENS,
-            temperature=0,  # type: ignore[arg-type]
+            temperature=0,
         )
         text = hf_tokenizer.decode(expected, skip_special_tokens=True)
         assert reply.choices[0].message.content == text
         assert reply.usage is not None and reply.usage.completion_tokens == len(expected)
-
-
-def test_capital_of_france(served: LiveServer) -> None:
-    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
-    reply = client.chat.completions.create(
-        model=SERVED_NAME,
-        messages=[dict(CHATS[0][0])],
-        max_tokens=16,
-        temperature=0,  # type: ignore[list-item]
-    )
-    assert reply.choices[0].message.content == "The capital of France is Paris."
+        if chat is CHATS[0]:  # the README's example answer
+            assert reply.choices[0].message.content == "The capital of France is Paris."
 
 
 def test_tokenizer_ids_match_transformers_on_mixed_text(
