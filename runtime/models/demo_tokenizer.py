@@ -9,12 +9,13 @@ A post-processor adds bos (decoders) or [CLS] ... [SEP] (bert) when encoding wit
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-__all__ = ["SPECIAL_TOKENS", "TokenizerSpec", "train_demo_tokenizer"]
+__all__ = ["SPECIAL_TOKENS", "TokenizerSpec", "cover_vocab", "train_demo_tokenizer"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,48 @@ def train_demo_tokenizer(arch: str, vocab_size: int) -> Tokenizer:
             single=f"{bos} $A", pair=f"{bos} $A $B:1", special_tokens=[(bos, ids[bos])]
         )
     return tok
+
+
+def cover_vocab(tok: Tokenizer, vocab_size: int) -> Tokenizer:
+    """Extend a trained tokenizer's vocabulary to exactly `vocab_size` ids with word pieces from
+    the corpus, so every id the model can emit decodes to text.
+
+    The corpus yields far fewer BPE entries than the `small` models' 32,000 rows; without this,
+    ids past the trained vocabulary decode to nothing and a random model streams empty text
+    (benchmark clients then see late first tokens and "no content" responses). The new entries
+    get no merges, so BPE never produces them: encoding is unchanged, only decoding covers more.
+    """
+    data = json.loads(tok.to_str())
+    vocab: dict[str, int] = data["model"]["vocab"]
+    if len(vocab) >= vocab_size:
+        return tok
+    assert sorted(vocab.values()) == list(range(len(vocab)))  # ids stay contiguous
+    for piece in _word_pieces(set(vocab)):
+        vocab[piece] = len(vocab)
+        if len(vocab) == vocab_size:
+            break
+    return Tokenizer.from_str(json.dumps(data))
+
+
+def _word_pieces(taken: set[str]) -> Iterator[str]:
+    """Byte-level spellings of corpus words, then their prefixes, then word pairs; new ones only,
+    in a fixed order (same tokenizer on every build)."""
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    words = sorted({w.strip(".,;:()\"'") for w in corpus_text().split()} - {""})
+
+    def spell(text: str) -> str:
+        return "".join(piece for piece, _ in byte_level.pre_tokenize_str(text))
+
+    def fresh(pieces: Iterator[str]) -> Iterator[str]:
+        for piece in pieces:
+            if piece not in taken:
+                taken.add(piece)
+                yield piece
+
+    yield from fresh(spell(f" {w}") for w in words)
+    yield from fresh(spell(w) for w in words)
+    yield from fresh(spell(f" {w[:n]}") for w in words for n in range(2, len(w)))
+    yield from fresh(spell(f" {a} {b}") for a in words for b in words)
 
 
 def save_demo_tokenizer(tok: Tokenizer, arch: str, path: Path, *, max_length: int) -> None:

@@ -8,6 +8,9 @@ requested dtype/device one by one, and installed with `load_state_dict(assign=Tr
 from __future__ import annotations
 
 import json
+import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,13 +25,15 @@ from runtime.models.bert import BertEncoder
 from runtime.models.checkpoint import TensorSource, open_checkpoint
 from runtime.models.config import ModelArgs
 from runtime.models.gemma import GemmaForCausalLM
+from runtime.models.gguf_io.reader import is_gguf
 from runtime.models.llama import LlamaForCausalLM
 from runtime.models.quantize import QuantizationSummary, quantize_model
-from runtime.models.weights import is_ignored, weight_table
+from runtime.models.weights import WeightEntry, is_ignored, weight_table
 
 if TYPE_CHECKING:
     from runtime.models.tokenizer import Tokenizer
 
+log = logging.getLogger("fastllm.models")
 MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "llama": LlamaForCausalLM,
     "gemma": GemmaForCausalLM,
@@ -77,6 +82,13 @@ def load_model(
     """`quantization` (int8 | int4 | fp8) quantizes the decoder's linears after the float load
     (runtime.models.quantize); the summary records what it cost."""
     path = Path(path)
+    if is_gguf(path):  # a single llama.cpp file: metadata, weights and tokenizer in one
+        loaded = load_gguf_model(path, dtype=dtype, device=device, load_tokenizer=load_tokenizer)
+        if quantization is not None and quantization != "none":  # re-quantized from float
+            loaded.quantization = quantize_model(
+                loaded.model, quantization, group_size=quant_group_size
+            )
+        return loaded
     if not path.is_dir():
         raise ModelLoadError(f"model directory {path} does not exist")
     args = read_args(path)
@@ -114,6 +126,45 @@ def load_model(
     )
     loaded.quantization = summary
     return loaded
+
+
+def load_gguf_model(
+    path: Path,
+    *,
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device = "auto",
+    load_tokenizer: bool = True,
+    on_tensor: Callable[[str], None] | None = None,
+) -> LoadedModel:
+    """A GGUF file, dequantized to `dtype` (runtime.models.gguf_io)."""
+    from runtime.models.gguf_io.args import model_args
+    from runtime.models.gguf_io.reader import open_gguf
+    from runtime.models.gguf_io.source import GGUFSource
+    from runtime.models.gguf_io.tokenizer import load_gguf_tokenizer
+
+    file = open_gguf(path)
+    args = model_args(file)
+    torch_dtype = resolve_dtype(dtype)
+    torch_device = resolve_device(device)
+    source = GGUFSource(file, args)
+    source.on_tensor = on_tensor
+    tokenizer = load_gguf_tokenizer(file) if load_tokenizer else None  # bad vocab: fail early
+    started = time.perf_counter()
+    log.info(
+        "%s: dequantizing %d tensors (%s); `fastllm convert` once makes later starts fast",
+        path,
+        len(source.names()),
+        source.metadata["fastllm.gguf_types"],
+    )
+    state = read_state(args, source, torch_dtype, torch_device)
+    log.info("%s: dequantized in %.1f s", path, time.perf_counter() - started)
+    with torch.device("meta"):
+        model = MODEL_CLASSES[args.arch](args)
+    model.load_state_dict(state, strict=True, assign=True)
+    model.eval().requires_grad_(False)
+    return LoadedModel(
+        model, args, tokenizer, torch_device, torch_dtype, path, False, source.metadata
+    )
 
 
 def read_args(path: Path) -> ModelArgs:
@@ -154,6 +205,20 @@ def read_state(
 ) -> dict[str, Tensor]:
     """Float tensors by parameter name. `prequantized`: the projections' weights are stored
     quantized (runtime.models.quant_checkpoint) and are installed separately."""
+    table = check_tensors(args, source, prequantized=prequantized)
+    parts: dict[str, list[Tensor]] = {}
+    for entry in table:  # fused targets collect their parts in table order
+        tensor = source.get(entry.hf_name).to(device=device, dtype=dtype)
+        parts.setdefault(entry.target, []).append(tensor)
+    return {
+        name: (ts[0] if len(ts) == 1 else torch.cat(ts)).contiguous() for name, ts in parts.items()
+    }
+
+
+def check_tensors(
+    args: ModelArgs, source: TensorSource, *, prequantized: bool = False
+) -> list[WeightEntry]:
+    """Names and shapes against the weight table, before any tensor data is read."""
     table = weight_table(args)
     if prequantized:
         replaced = {
@@ -179,10 +244,4 @@ def read_state(
                 f"tensor {entry.hf_name!r} has shape {list(shape)}, config.json implies "
                 f"{list(entry.shape)}"
             )
-    parts: dict[str, list[Tensor]] = {}
-    for entry in table:  # fused targets collect their parts in table order
-        tensor = source.get(entry.hf_name).to(device=device, dtype=dtype)
-        parts.setdefault(entry.target, []).append(tensor)
-    return {
-        name: (ts[0] if len(ts) == 1 else torch.cat(ts)).contiguous() for name, ts in parts.items()
-    }
+    return table

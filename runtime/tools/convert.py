@@ -1,4 +1,5 @@
 """Weight conversion: an old checkpoint directory -> a safetensors checkpoint with provenance.
+(A GGUF file as input: runtime.tools.convert_gguf; `fastllm convert` picks by input.)
 
 Reads safetensors, or legacy torch files (`pytorch_model.bin`, sharded or not) with
 `torch.load(weights_only=True)`: a pickle that would run code is refused (UnsafeCheckpointError)
@@ -53,7 +54,7 @@ _WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json
 @dataclass(frozen=True)
 class ConvertResult:
     output: Path  # the output directory
-    converted_from: str  # "legacy" | "safetensors" (see the module docstring)
+    converted_from: str  # "legacy" | "safetensors" | "gguf" (see the module docstring)
     source_sha256: str
     num_tensors: int
     fixed_tensors: tuple[str, ...]  # names the GeGLU fix rewrote in this run
