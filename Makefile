@@ -6,7 +6,7 @@ DEMO ?= demo-models/llama-tiny
 # CPU torch pinned on this install path; GPU users install their CUDA build of torch first.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup setup-test run demo-model test lint typecheck bench dashboards k8s mutate clean
+.PHONY: setup setup-test run demo-model test lint typecheck bench dashboards k8s mutate architecture clean
 
 $(BIN)/fastllm: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -50,6 +50,11 @@ bench: setup-test
 MECHANISMS ?=
 mutate: setup-test
 	$(BIN)/python -m tests.mutation.run $(MECHANISMS)
+
+# docs/architecture.md's generated parts: the package map (tests fail when it is stale) and the
+# files one chat request runs through (tools/request_path.py); run after adding or moving modules
+architecture: setup-test
+	$(BIN)/python -m tools.architecture --write
 
 dashboards: setup
 	$(BIN)/fastllm dashboards build
