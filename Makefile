@@ -31,8 +31,12 @@ demo-model: $(DEMO)/config.json
 run: setup demo-model
 	$(BIN)/fastllm serve --model $(DEMO)
 
+# pytest-xdist workers: more than the cores pay, because server and subprocess tests mostly wait
+# (docs/testing.md has the measurement); tests of one costly resource share a worker
+# (tests/fixtures/groups.py). TEST_WORKERS=0 runs in this process, as before.
+TEST_WORKERS ?= 4
 test: setup-test
-	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 lint: setup-test
 	$(BIN)/ruff check .

@@ -80,7 +80,7 @@ def _serve(workdir: Path) -> tuple[Any, socket.socket, threading.Thread]:
     from runtime.server.wiring import build_state
 
     model = make_demo_model(workdir / "llama", arch="llama")
-    settings = Settings(
+    settings = Settings(  # type: ignore[call-arg]  # pydantic-settings: all have defaults
         model_path=model,
         model_name="llama",
         device="cpu",
