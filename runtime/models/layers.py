@@ -69,10 +69,12 @@ class Linear(nn.Module):
         return self.weight_t.t()
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.dim() == 2:  # the packed [T, H] of every forward: mm, not matmul's dispatch
+            if self.bias is None:
+                return torch.mm(x, self.weight_t)
+            return torch.addmm(self.bias, x, self.weight_t)
         if self.bias is None:
             return torch.matmul(x, self.weight_t)
-        if x.dim() == 2:
-            return torch.addmm(self.bias, x, self.weight_t)
         return torch.matmul(x, self.weight_t) + self.bias
 
     def add_to_(self, out: Tensor, x: Tensor) -> Tensor:
