@@ -41,7 +41,7 @@ test: setup-test
 lint: setup-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy runtime monitoring storage alerts
+	$(BIN)/mypy runtime monitoring storage alerts tools
 	$(BIN)/lint-imports
 
 # each benchmark prints a ratio against a reference measured in the same run; last line is JSON
