@@ -9,7 +9,7 @@ REAL ?= demo-models/smollm2-135m-instruct
 # CPU torch pinned on this install path; GPU users install their CUDA build of torch first.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup setup-test run demo-model real-model test lint typecheck bench dashboards k8s mutate clean
+.PHONY: setup setup-test run demo-model real-model test lint typecheck bench dashboards k8s mutate architecture clean
 
 $(BIN)/fastllm: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -41,13 +41,17 @@ real-model: $(REAL)/config.json
 run: setup real-model
 	$(BIN)/fastllm serve --model $(REAL)
 
+# pytest-xdist workers: more than the cores pay, because server and subprocess tests mostly wait
+# (docs/testing.md has the measurement); tests of one costly resource share a worker
+# (tests/fixtures/groups.py). TEST_WORKERS=0 runs in this process, as before.
+TEST_WORKERS ?= 4
 test: setup-test
-	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 lint: setup-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy runtime monitoring storage alerts
+	$(BIN)/mypy runtime monitoring storage alerts tools
 	$(BIN)/lint-imports
 
 # each benchmark prints a ratio against a reference measured in the same run; last line is JSON
@@ -60,6 +64,11 @@ bench: setup-test
 MECHANISMS ?=
 mutate: setup-test
 	$(BIN)/python -m tests.mutation.run $(MECHANISMS)
+
+# docs/architecture.md's generated parts: the package map (tests fail when it is stale) and the
+# files one chat request runs through (tools/request_path.py); run after adding or moving modules
+architecture: setup-test
+	$(BIN)/python -m tools.architecture --write
 
 dashboards: setup
 	$(BIN)/fastllm dashboards build

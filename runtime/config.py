@@ -89,11 +89,11 @@ class Settings(BaseSettings):
     kv_block_size: int = Field(16, ge=1, le=1024, description="tokens per KV page")
     enable_prefix_caching: bool = Field(True, description="reuse KV pages of shared prefixes")
     num_replicas: int = Field(1, ge=1, description="engine replicas (work-stealing pool)")
-    # the fast decode step (runtime.models.fast.build): built at load, never on a request
+    # what is built around the forward (runtime.models.fast.build): at load, never on a request
     compile: str = Field(
         "auto",
         pattern="^(auto|on|off)$",
-        description="fused decode step: auto | on (+ torch.compile, paid at load) | off (eager)",
+        description="auto | on (layers torch.compiled, paid at load) | off (nothing built)",
     )
     cuda_graphs: str = Field(
         "auto", pattern="^(auto|on|off)$", description="capture the decode step per batch bucket"

@@ -33,7 +33,12 @@ def require_binary(name: str, *candidates: str) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`cuda` tests run only where a CUDA device exists (`pytest -m cuda` on a GPU machine)."""
+    """`cuda` tests run only where a CUDA device exists (`pytest -m cuda` on a GPU machine).
+    Under pytest-xdist (`make test`: `--dist loadgroup`), tests of one costly per-process
+    resource share a worker (tests.fixtures.groups)."""
+    from tests.fixtures.groups import group_by_resource
+
+    group_by_resource(items)
     try:
         import torch
 

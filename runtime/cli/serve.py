@@ -32,7 +32,7 @@ from runtime.errors import ModelLoadError
     "compile_mode",
     type=click.Choice(["auto", "on", "off"]),
     default=None,
-    help="fast decode step built at load (off: eager); default auto",
+    help="torch.compile the layers at load (on); default auto: nowhere",
 )
 @click.option(
     "--cuda-graphs",

@@ -126,7 +126,7 @@ def _fast_path(config: EngineConfig, loaded: LoadedModel) -> FastPath | None:
     """Built (compiled, captured) here, at load, once per loaded model; never on a request."""
     fast = get_fast_path(loaded, config.fast_path)
     if fast is None:
-        log.info("decode step: eager (compile=%s)", config.compile)
+        log.info("decode step: the model's forward, uncompiled (compile=%s)", config.compile)
     else:
         buckets = f", batch buckets {list(fast.buckets)}" if fast.buckets else ""
         log.info(

@@ -32,7 +32,7 @@ class EngineConfig:
     max_queued_requests: int = 256
     max_queued_tokens: int = 262144
     request_timeout_s: float = 120.0
-    compile: str = "auto"  # the fast decode step: auto | on | off (runtime.models.fast.build)
+    compile: str = "auto"  # torch.compile the layers: auto | on | off (runtime.models.fast.build)
     cuda_graphs: str = "auto"  # capture it per batch bucket on CUDA: auto | on | off
     kv_cache_bytes: int = 1 << 30  # the page pool, reserved at build (runtime.memory.kv_pool)
     kv_block_size: int = 16  # tokens per KV page

@@ -4,9 +4,9 @@ All sequences' new tokens go into one packed `input_ids[T]` (prefill chunks and 
 side); the model writes each sequence's K/V into its pages (the scheduler appended the pages they
 need) and returns `hidden[T, H]`. Pages the step filled are then keyed for prefix reuse. Only the
 last row of a sequence whose chunk reaches its end is turned into logits and sampled.
-A step of decodes only (one token per sequence) goes through the fast decode step when the
-model has one (`runtime.models.fast`: fused, captured on CUDA; the same paged attention core);
-any step with a prefill chunk runs the eager module forward, which stays the reference.
+A step of decodes only (one token per sequence) goes through the fast path when one was built
+(`runtime.models.fast`: the same forward compiled and/or captured per batch bucket on CUDA);
+any other step calls the model's forward directly.
 """
 
 from __future__ import annotations

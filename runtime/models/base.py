@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from runtime.models import ops
 from runtime.models.batch_plan import BatchPlan, SeqSlice
 from runtime.models.config import ModelArgs
 from runtime.models.layers import DecoderLayer, Linear, RMSNorm
+from runtime.models.rope_table import RopeTable
 
 
 class CausalLM(nn.Module):
@@ -39,6 +39,8 @@ class CausalLM(nn.Module):
         self.lm_head = (
             None if args.tie_word_embeddings else Linear(args.hidden_size, args.vocab_size, False)
         )
+        # built on the first forward: the model is made on the meta device and loaded after
+        self._rope: RopeTable | None = None
 
     @torch.no_grad()
     def forward(self, input_ids: Tensor, seqs: Sequence[SeqSlice]) -> Tensor:
@@ -46,15 +48,27 @@ class CausalLM(nn.Module):
         Writes each layer's K/V at [kv.num_tokens, kv.num_tokens + n) of each sequence's pages (its
         block table must already cover them); does NOT advance."""
         plan = BatchPlan.build(seqs, input_ids, self.args.num_heads // self.args.num_kv_heads)
-        x = self.embed_tokens(input_ids)  # [T, H]
-        if self.scale_embeddings:
-            x = x * torch.tensor(self.args.hidden_size**0.5, dtype=x.dtype)
-        cos_sin = ops.rope_cos_sin(
-            plan.positions, self.args.rope_theta, self.args.head_dim, x.dtype
-        )
+        cos, sin = self.rope_table().lookup(plan.positions)  # [T, 1, head_dim] each
+        x = self.embed(input_ids)
         for layer in self.layers:
-            x = layer(x, plan, cos_sin)
+            x = layer(x, plan, cos, sin)
         return self.norm(x)
+
+    def embed(self, input_ids: Tensor) -> Tensor:
+        """input_ids [T] -> a fresh [T, H] (the layers update it in place)."""
+        x = self.embed_tokens(input_ids)
+        if self.scale_embeddings:  # sqrt(hidden) rounded to the model dtype, as HF does
+            x.mul_(torch.tensor(self.args.hidden_size**0.5, dtype=x.dtype))
+        return x
+
+    def rope_table(self) -> RopeTable:
+        """cos/sin for every position on the weights' device and dtype (built once; engines
+        sharing the model may race to build it: both build the same values)."""
+        weight = self.embed_tokens.weight
+        table = self._rope
+        if table is None or table.cos.device != weight.device or table.cos.dtype != weight.dtype:
+            table = self._rope = RopeTable(self.args, weight.dtype, weight.device)
+        return table
 
     @torch.no_grad()
     def compute_logits(self, hidden: Tensor) -> Tensor:

@@ -1,6 +1,8 @@
-"""The fast-path check of `fastllm doctor`: the fast decode step against the eager forward.
+"""The fast-path check of `fastllm doctor`: what is built around the model's forward (its
+decode call captured per batch bucket on CUDA, its layers' halves compiled with compile=on)
+against the same forward as it is (uncaptured, uncompiled).
 
-Both decode the same prompt greedily from the same eager prefill (model level, scratch KV, no
+Both decode the same prompt greedily from the same prefill (model level, scratch KV, no
 engine); the check passes when every token agrees and the logits stay within the dtype's
 tolerance, and reports each side's decode rate and their ratio (a single short run: a hint,
 not a benchmark; `bench.generate` / `bench.peer` measure properly).
@@ -56,7 +58,8 @@ def check_fast_path(loaded: LoadedModel, options: FastPathOptions | None = None)
     try:
         fast = get_fast_path(loaded, options or FastPathOptions(max_batch=8))
         if fast is None:
-            return CheckResult(NAME, SKIP, "compile=off: every step runs eager")
+            detail = "nothing built beside the model's forward (compile off, or auto on a CPU)"
+            return CheckResult(NAME, SKIP, detail)
         prompt = [(7 * i + 3) % loaded.args.vocab_size for i in range(12)]
         with torch.inference_mode():
             _decode(model, fast, prompt[:2])  # warm-up both sides

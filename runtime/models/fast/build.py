@@ -1,16 +1,20 @@
-"""Building the fast decode step once per loaded model, and the settings that pick it.
+"""What is built around the model's one forward at load, and the settings that pick it.
 
     fast = get_fast_path(loaded, FastPathOptions(compile="auto", cuda_graphs="auto", max_batch=64))
     hidden = fast(input_ids, seqs) if fast is not None else loaded.model(input_ids, seqs)
 
-`compile` (auto | on | off): the decode step built at load from fused pieces
-(`runtime.models.fast.pieces`). off: every step on the eager module forward (the reference).
-auto: the fused step, with torch.compile nowhere (measured on CPU, batch-1 `small` llama:
-inductor's per-call overhead outweighs its fusion and each piece takes ~25-100 s to compile on
-a loaded 2-core machine; no GPU measurement yet). on: the fused step with its two pieces
-compiled by inductor, paid here, at load.
-`cuda_graphs` (auto | on | off): on CUDA, capture the fused step per batch-size bucket (auto
-when the device is CUDA and compile is not off; on: a CPU device is a ConfigError).
+There is one forward (`CausalLM.forward`, each `DecoderLayer` the fused sequence, prefill and
+decode alike); this module only decides whether it is compiled and whether its decode call is
+captured, and builds that once per loaded model.
+`compile` (auto | on | off). auto: torch.compile nowhere (measured on CPU, batch-1 `small`
+llama: inductor's per-call overhead outweighs its fusion and each half takes ~25-100 s to
+compile on a loaded 2-core machine; no GPU measurement yet). on: each decoder layer's two
+halves around the attention core (`DecoderLayer.attn_in`, `.attn_out_mlp`) compiled by
+inductor, paid here, at load, on a view of the model that shares its parameters (the loaded
+model itself stays uncompiled: the reference `fastllm doctor` compares with, and what engines
+with compile off run). off: nothing compiled, nothing captured.
+`cuda_graphs` (auto | on | off): on CUDA, capture the model's decode call per batch-size bucket
+(auto when the device is CUDA and compile is not off; on: a CPU device is a ConfigError).
 
 Built once per (loaded model, compile, cuda_graphs) and kept on the `LoadedModel`, so an engine
 made per call (offline `generate`) or per replica never pays it again; the time it took is on
@@ -19,21 +23,23 @@ made per call (offline `generate`) or per replica never pays it again; the time 
 
 from __future__ import annotations
 
+import copy
+import functools
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from runtime.errors import ConfigError
 from runtime.memory.kv_cache import SequenceKV
 from runtime.models.base import CausalLM
 from runtime.models.batch_plan import SeqSlice
-from runtime.models.fast.decoder import FusedDecoder
 from runtime.models.fast.graphs import GraphDecoder
+from runtime.models.layers import DecoderLayer
 
 if TYPE_CHECKING:
     from runtime.models.loader import LoadedModel
@@ -65,23 +71,26 @@ class FastPlan:
 
     @property
     def kind(self) -> str:
-        base = "cuda-graphs" if self.uses_graphs else "fused"
-        return base + ("+inductor" if self.uses_inductor else "")
+        parts = (["cuda-graphs"] if self.uses_graphs else []) + (
+            ["inductor"] if self.uses_inductor else []
+        )
+        return "+".join(parts)
 
 
 def plan_fast_path(options: FastPathOptions, device: torch.device) -> FastPlan | None:
-    """None: the eager forward for every step."""
+    """None: the model's forward, as it is, for every step (nothing to build)."""
     if options.cuda_graphs == "on" and device.type != "cuda":
         raise ConfigError(f"cuda_graphs=on needs a CUDA device, not {device}", param="cuda_graphs")
     if options.compile == "off":
         return None
     graphs = device.type == "cuda" and options.cuda_graphs != "off"
-    return FastPlan(uses_inductor=options.compile == "on", uses_graphs=graphs)
+    inductor = options.compile == "on"
+    return FastPlan(uses_inductor=inductor, uses_graphs=graphs) if graphs or inductor else None
 
 
 @dataclass
 class FastPath:
-    step: FusedDecoder | GraphDecoder
+    step: CausalLM | GraphDecoder  # the (compiled) model itself, or its captured decode call
     plan: FastPlan
     options: FastPathOptions
     startup_s: float  # build (+ compile, capture) time, paid at load
@@ -120,28 +129,39 @@ def get_fast_path(loaded: LoadedModel, options: FastPathOptions) -> FastPath | N
 
 def build_fast_path(model: CausalLM, plan: FastPlan, options: FastPathOptions) -> FastPath:
     started = time.perf_counter()
-    fused = FusedDecoder(model)
     if plan.uses_inductor:
-        _compile_pieces(fused)
+        model = compiled_view(model)
         if not plan.uses_graphs:
-            warm_up(fused, model)  # compile now, not on a request
-    step: FusedDecoder | GraphDecoder = fused
+            warm_up(model)  # compile now, not on a request
+    step: CausalLM | GraphDecoder = model
     if plan.uses_graphs:
-        graphs = GraphDecoder(fused, options.max_batch)
+        graphs = GraphDecoder(model, options.max_batch)
         graphs.capture()
         step = graphs
     return FastPath(step, plan, options, time.perf_counter() - started)
 
 
-def _compile_pieces(fused: FusedDecoder) -> None:
-    # dynamic: one graph for every T > 1 (T = 1 is specialised by dynamo: warm_up runs both)
-    compiled: Any = torch.compile(fused.attn_in, dynamic=True)
-    fused.attn_in = compiled
-    compiled = torch.compile(fused.attn_out_mlp, dynamic=True)
-    fused.attn_out_mlp = compiled
+def compiled_view(model: CausalLM) -> CausalLM:
+    """The same model (its parameters and submodules shared, nothing copied but the layer
+    objects) whose layers run their two halves compiled by inductor. One compiled function per
+    half serves every layer (the layer is its argument, its weights graph inputs); dynamic: one
+    graph for every T > 1 (T = 1 is specialised by dynamo: warm_up runs both)."""
+    attn_in = torch.compile(DecoderLayer.attn_in, dynamic=True)
+    attn_out_mlp = torch.compile(DecoderLayer.attn_out_mlp, dynamic=True)
+    view = copy.copy(model)
+    view._modules = dict(model._modules)  # so that setting `layers` leaves the model's alone
+    layers = []
+    for layer in model.layers:
+        twin = copy.copy(cast(DecoderLayer, layer))  # shares its norms, attn, mlp
+        # instance attributes shadow the methods: DecoderLayer.forward calls through self
+        setattr(twin, "attn_in", functools.partial(attn_in, twin))  # noqa: B010
+        setattr(twin, "attn_out_mlp", functools.partial(attn_out_mlp, twin))  # noqa: B010
+        layers.append(twin)
+    view.layers = nn.ModuleList(layers)
+    return view
 
 
-def warm_up(fused: FusedDecoder, model: CausalLM, sizes: Sequence[int] = (1, 2)) -> None:
+def warm_up(model: CausalLM, sizes: Sequence[int] = (1, 2)) -> None:
     """One step per size on a scratch page pool (nothing of a request is touched)."""
     a, weight = model.args, model.embed_tokens.weight
     for n in sizes:
@@ -152,4 +172,4 @@ def warm_up(fused: FusedDecoder, model: CausalLM, sizes: Sequence[int] = (1, 2))
         for i, kv in enumerate(kvs):
             kv.page_ids = [pool.page_ids[i]]  # one one-token page each, in one pool
         ids = torch.zeros(n, dtype=torch.long, device=weight.device)
-        fused(ids, [SeqSlice(i, i + 1, kv) for i, kv in enumerate(kvs)])
+        model(ids, [SeqSlice(i, i + 1, kv) for i, kv in enumerate(kvs)])

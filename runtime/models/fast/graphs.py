@@ -1,7 +1,8 @@
-"""`GraphDecoder`: the fused decode step captured as CUDA graphs, per batch-size bucket.
+"""`GraphDecoder`: the model's decode call captured as CUDA graphs, per batch-size bucket.
 
 At small batches a CUDA decode step is bound by kernel launches (~30 per layer), not by the
-GPU. Each bucket B (1, 2, 4, 8, 16, 24, 32, ...) captures the step's pieces once, at load, on
+GPU. Each bucket B (1, 2, 4, 8, 16, 24, 32, ...) captures the model's own forward (its
+`embed`, each `DecoderLayer`'s two halves, its final norm) once, at load, on
 static buffers of B rows; a step of T <= B tokens copies its ids and rotary rows into the first
 T rows and replays (padding rows compute on stale, finite inputs; every piece is row-wise, so
 they never touch the real rows, and their outputs are never read).
@@ -9,15 +10,15 @@ they never touch the real rows, and their outputs are never read).
 The attention core (`Attention.attend`: KV writes into the pages, one gathered SDPA) is not
 captured: its shapes change every step and it belongs to the KV/attention work. So a step is
 num_layers + 1 graph replays with the attention core run eagerly between them (vLLM's
-"piecewise" capture):
+"piecewise" capture), i.e. `DecoderLayer.forward` cut at its attend call:
 
-    graph 0          embed, attn_in(layer 0)                        -> q, k, v
+    graph 0          model.embed, layer 0.attn_in                   -> q, k, v
     attend(layer 0)  eager; its output copied into the static attn buffer
-    graph i          attn_out_mlp(layer i-1), attn_in(layer i)      -> q, k, v
+    graph i          layer i-1.attn_out_mlp, layer i.attn_in        -> q, k, v
     ...
-    graph L          attn_out_mlp(layer L-1), final norm            -> hidden [B, H]
+    graph L          layer L-1.attn_out_mlp, model.norm             -> hidden [B, H]
 
-Prefill (and any step with more tokens than the largest bucket) runs eagerly elsewhere.
+Prefill (and any step with more tokens than the largest bucket) runs the uncaptured forward.
 All buckets share one graph memory pool, captured from the largest down, as vLLM does.
 """
 
@@ -26,12 +27,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import Tensor
 
+from runtime.models.base import CausalLM
 from runtime.models.batch_plan import BatchPlan, SeqSlice
-from runtime.models.fast.decoder import FusedDecoder
+from runtime.models.layers import DecoderLayer
 
 
 def batch_buckets(max_batch: int) -> tuple[int, ...]:
@@ -54,14 +57,18 @@ class _Bucket:
 
 
 class GraphDecoder:
-    def __init__(self, fused: FusedDecoder, max_batch: int) -> None:
-        self.fused = fused
+    def __init__(self, model: CausalLM, max_batch: int) -> None:
+        self.model = model
+        self.layers = [cast(DecoderLayer, layer) for layer in model.layers]
+        self.rope = model.rope_table()
+        args = model.args
+        self.q_size, self.group = args.q_size, args.num_heads // args.num_kv_heads
         self.buckets: dict[int, _Bucket] = {}
         self.sizes = batch_buckets(max_batch)
         self.num_replays = 0  # steps served from a captured graph (tests, doctor)
         self._lock = threading.Lock()  # the static buffers serve one step at a time
         self._pool = torch.cuda.graph_pool_handle()
-        weight = fused.model.embed_tokens.weight
+        weight = model.embed_tokens.weight
         self.device, self.dtype = weight.device, weight.dtype
 
     @property
@@ -75,15 +82,13 @@ class GraphDecoder:
         torch.cuda.synchronize(self.device)
 
     def _capture_bucket(self, size: int) -> _Bucket:
-        f, dims = self.fused, self.fused.dims
-        d = dims.head_dim
-        rope = f.rope
+        rope, d = self.rope, self.model.args.head_dim
         bucket = _Bucket(
             size=size,
             ids=torch.zeros(size, dtype=torch.long, device=self.device),
             cos=rope.cos[:1].expand(size, 1, d).clone(),
             sin=rope.sin[:1].expand(size, 1, d).clone(),
-            attn=torch.zeros(size, dims.q_size, dtype=self.dtype, device=self.device),
+            attn=torch.zeros(size, self.q_size, dtype=self.dtype, device=self.device),
             graphs=[],
             qkv=[],
         )
@@ -94,7 +99,7 @@ class GraphDecoder:
                 self._pieces(bucket, warmup=True)
             torch.cuda.synchronize(self.device)
             x: Tensor | None = None
-            for i in range(f.num_layers + 1):
+            for i in range(len(self.layers) + 1):
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self._pool, stream=stream):
                     x = self._piece(bucket, i, x)
@@ -104,25 +109,24 @@ class GraphDecoder:
 
     def _pieces(self, bucket: _Bucket, *, warmup: bool) -> None:
         x: Tensor | None = None
-        for i in range(self.fused.num_layers + 1):
+        for i in range(len(self.layers) + 1):
             x = self._piece(bucket, i, x, keep=not warmup)
 
     def _piece(self, bucket: _Bucket, i: int, x: Tensor | None, keep: bool = True) -> Tensor:
         """Graph i's work; records its static outputs on the bucket when `keep`."""
-        f = self.fused
         if i == 0:
-            x = f.embed(bucket.ids)
+            x = self.model.embed(bucket.ids)
             if keep:
                 bucket.x = x  # graphs 1..L update it in place: it must outlive the capture
         else:
             assert x is not None
-            x = f.attn_out_mlp(f.dims, f.weights[i - 1], x, bucket.attn)
-        if i == f.num_layers:
-            hidden = f.final_norm(x)
+            x = self.layers[i - 1].attn_out_mlp(x, bucket.attn)
+        if i == len(self.layers):
+            hidden = self.model.norm(x)
             if keep:
                 bucket.hidden = hidden
             return hidden
-        qkv = f.attn_in(f.dims, f.weights[i], x, bucket.cos, bucket.sin)
+        qkv = self.layers[i].attn_in(x, bucket.cos, bucket.sin)
         if keep:
             bucket.qkv.append(qkv)
         return x
@@ -137,19 +141,19 @@ class GraphDecoder:
         num_tokens = input_ids.shape[0]
         size = self.bucket_for(num_tokens)
         if size is None:  # more tokens than the largest bucket: uncaptured
-            return self.fused(input_ids, seqs)
+            return self.model(input_ids, seqs)
         with self._lock:
             return self._replay(self.buckets[size], input_ids, seqs)
 
     def _replay(self, bucket: _Bucket, input_ids: Tensor, seqs: Sequence[SeqSlice]) -> Tensor:
         num_tokens = input_ids.shape[0]
-        plan = BatchPlan.build(seqs, input_ids, self.fused.dims.group)
+        plan = BatchPlan.build(seqs, input_ids, self.group)
         bucket.ids[:num_tokens].copy_(input_ids)
-        self.fused.rope.lookup(plan.positions, out=(bucket.cos, bucket.sin))
+        self.rope.lookup(plan.positions, out=(bucket.cos, bucket.sin))
         bucket.graphs[0].replay()
-        for i, attend in enumerate(self.fused.attends):
+        for i, layer in enumerate(self.layers):
             q, k, v = bucket.qkv[i]
-            out = attend(q[:num_tokens], k[:num_tokens], v[:num_tokens], plan)
+            out = layer.attn.attend(q[:num_tokens], k[:num_tokens], v[:num_tokens], plan)
             bucket.attn[:num_tokens].copy_(out)
             bucket.graphs[i + 1].replay()
         self.num_replays += 1

@@ -1,5 +1,5 @@
-"""The captured decode step on a CUDA device (`pytest -m cuda`): token parity with the eager
-forward (fp32 and bf16, the parity suite's checkpoints, several sequences at different
+"""The captured decode call on a CUDA device (`pytest -m cuda`): token parity with the same
+forward uncaptured (fp32 and bf16, the parity suite's checkpoints, several sequences at different
 positions, padded to a bucket), and decode tok/s at batch 1 and 32 against eager through the
 engine, printed (no timing assertion: the numbers go in the report)."""
 
@@ -17,7 +17,7 @@ from runtime.models import CausalLM, load_model
 from runtime.models.demo import make_demo_model
 from runtime.models.fast.build import FastPathOptions, get_fast_path
 from runtime.models.fast.graphs import GraphDecoder
-from tests.runtime.models.test_fast_path import greedy_decode
+from tests.runtime.models.test_forward import greedy_decode
 from tests.runtime.models.test_parity import BUILDERS, prompts
 
 pytestmark = pytest.mark.cuda
@@ -97,8 +97,9 @@ def test_decode_rate_against_eager(tmp_path: Path, dtype: str) -> None:
     assert all(v[0] > 0 and v[1] > 0 for v in report.values())
 
 
-def test_inductor_compiled_pieces_captured_match_eager(tmp_path: Path) -> None:
-    """compile=on on CUDA: both pieces compiled by inductor, then captured per bucket."""
+def test_inductor_compiled_halves_captured_match_eager(tmp_path: Path) -> None:
+    """compile=on on CUDA: both halves of every layer compiled by inductor (on a view of the
+    model: the loaded model stays uncompiled, the reference here), then captured per bucket."""
     path = BUILDERS["llama_gqa_theta500k"](tmp_path / "llama")
     loaded = load_model(path, dtype="float32", device="cuda", load_tokenizer=False)
     model = loaded.model

@@ -100,7 +100,7 @@ def test_every_request_is_verified_at_rate_one(
 # requests were batched, so production logits are sure to go wrong only when both are broken
 @pytest.mark.parametrize("fast_ops, probe", [
     (("rms_norm",), "rms_norm"),
-    (("apply_rotary",), "rotary"),
+    (("rotary",), "rotary"),  # the kernel the forward calls (q and k in one call)
     (("attention", "masked_attention"), "attention"),
     (("attention",), "attention"),
     (("masked_attention",), "attention"),

@@ -1,10 +1,10 @@
-"""`RopeTable`: rotary cos/sin for every position, computed once at load.
+"""`RopeTable`: rotary cos/sin for every position, computed once per model (first forward).
 
-The eager forward computes its tables per forward (arange, pow, outer product, cat, cos, sin,
-casts: ~10 ops); the fast decode step looks its rows up with one `index_select` each, into
-buffers it owns. The values are `ops.rope_cos_sin` over `arange(max_positions)`: elementwise the
-same math, so a row of the table equals what the eager forward computes for that position, bit
-for bit.
+Computing the tables per forward costs ~10 ops (arange, pow, outer product, cat, cos, sin,
+casts); the model's forward looks its rows up with one `index_select` each instead (into fixed
+buffers when a step is captured, runtime.models.fast.graphs). The values are `ops.rope_cos_sin`
+over `arange(max_positions)`: elementwise the same math, so a row of the table equals what
+`ops.rope_cos_sin` computes for that position alone, bit for bit (tested).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""The fast decode step (runtime.models.fast) against the eager forward and transformers, on the
-parity suite's checkpoints: greedy tokens identical, logits within the fp32 tolerance, several
-sequences at different positions decoded in one step; and its tables and ops bit-for-bit."""
+"""The model's one forward (the fused decoder layer, prefill and decode alike) against
+transformers, on the parity suite's checkpoints: several sequences at different positions
+decoded in one step give transformers' greedy tokens and logits; a decode step writes the K/V a
+prefill of the same tokens writes; the rope table and the rotary kernel bit-for-bit."""
 
 from __future__ import annotations
 
@@ -11,9 +12,8 @@ import torch
 
 from runtime.memory.kv_cache import SequenceKV
 from runtime.models import CausalLM, SeqSlice, load_model, ops
-from runtime.models.fast.decoder import FusedDecoder
 from runtime.models.fast.graphs import batch_buckets
-from runtime.models.fast.rope_table import RopeTable
+from runtime.models.rope_table import RopeTable
 from tests.runtime.models.builders import hf_model
 from tests.runtime.models.paged import Pages
 from tests.runtime.models.test_parity import BUILDERS, TOL, prompts
@@ -80,35 +80,41 @@ def hf_greedy(hf, tokens: list[int]) -> tuple[list[int], torch.Tensor]:
     return new[:NUM_DECODE], torch.stack([s[0] for s in out.logits[1:]]).float()
 
 
-def test_fast_decode_matches_eager_and_transformers(checkpoint: Path, model: CausalLM) -> None:
+def test_batched_decode_matches_transformers(checkpoint: Path, model: CausalLM) -> None:
     batch = prompts(model.args.vocab_size)  # lengths 11, 1, 5, 17: different positions
-    fast_tokens, fast_logits = greedy_decode(model, FusedDecoder(model), batch)
-    eager_tokens, eager_logits = greedy_decode(model, model, batch)
-    assert fast_tokens == eager_tokens
-    for fast, eager in zip(fast_logits, eager_logits, strict=True):
-        torch.testing.assert_close(fast, eager, atol=TOL, rtol=0)
+    tokens, logits = greedy_decode(model, model, batch)
     hf = hf_model(checkpoint)
     for i in (0, 1):  # against transformers: a 11-token and a 1-token prompt (suite time)
         hf_tokens, hf_logits = hf_greedy(hf, batch[i])
-        assert fast_tokens[i] == hf_tokens
-        ours = torch.stack([step[i] for step in fast_logits])
+        assert tokens[i] == hf_tokens
+        ours = torch.stack([step[i] for step in logits])
         torch.testing.assert_close(ours, hf_logits, atol=TOL, rtol=0)
+    # the other two rows of the batch decode as they would alone (rows do not leak)
+    for i in (2, 3):
+        alone_tokens, alone_logits = greedy_decode(model, model, [batch[i]])
+        assert tokens[i] == alone_tokens[0]
+        ours = torch.stack([step[i] for step in logits])
+        torch.testing.assert_close(
+            ours, torch.stack([s[0] for s in alone_logits]), atol=TOL, rtol=0
+        )
 
 
-def test_fast_decode_writes_the_same_kv_as_eager(model: CausalLM) -> None:
+def test_a_decode_step_writes_the_kv_a_prefill_writes(model: CausalLM) -> None:
     prompt = prompts(model.args.vocab_size)[0]
-    caches = []
     a, weight = model.args, model.embed_tokens.weight
-    for step in (model, FusedDecoder(model)):
+    caches = []
+    for split in (len(prompt), len(prompt) + 1):  # prompt then one decode / all in one prefill
         kv = SequenceKV.empty(
             a.num_layers, a.num_kv_heads, a.head_dim, len(prompt) + 1, weight.dtype, block_size=4
         )
-        model(torch.tensor(prompt), [SeqSlice(0, len(prompt), kv)])
-        kv.advance(len(prompt))
-        step(torch.tensor([7]), [SeqSlice(0, 1, kv)])
-        assert kv.num_tokens == len(prompt)  # the step does not advance the cursor
+        tokens = [*prompt, 7]
+        model(torch.tensor(tokens[:split]), [SeqSlice(0, split, kv)])
+        kv.advance(split)
+        if split == len(prompt):
+            model(torch.tensor([7]), [SeqSlice(0, 1, kv)])
+            assert kv.num_tokens == len(prompt)  # the forward does not advance the cursor
         caches.append(kv.data)  # a pool of its own: only this sequence's pages are written
-    torch.testing.assert_close(caches[1], caches[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(caches[0], caches[1], atol=1e-5, rtol=0)
 
 
 def test_rope_table_rows_equal_the_per_forward_tables(model: CausalLM) -> None:
@@ -135,12 +141,12 @@ def test_rotary_equals_hf_rotate_half() -> None:
     torch.testing.assert_close(ops.rotary(x, cos, sin), hf, atol=1e-6, rtol=0)
 
 
-def test_a_kv_overflow_is_refused_on_the_fast_path(model: CausalLM) -> None:
+def test_a_kv_overflow_is_refused(model: CausalLM) -> None:
     a = model.args
     kv = SequenceKV.empty(a.num_layers, a.num_kv_heads, a.head_dim, 1, block_size=1)
     kv.advance(1)
     with pytest.raises(ValueError, match="KV overflow"):
-        FusedDecoder(model)(torch.tensor([1]), [SeqSlice(0, 1, kv)])
+        model(torch.tensor([1]), [SeqSlice(0, 1, kv)])
 
 
 def test_batch_buckets_cover_every_batch_up_to_the_bound() -> None:
