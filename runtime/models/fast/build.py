@@ -115,7 +115,9 @@ def get_fast_path(loaded: LoadedModel, options: FastPathOptions) -> FastPath | N
     if plan is None or not isinstance(loaded.model, CausalLM):
         return None
     if loaded.quantization is not None:
-        return None  # the fused step reads float `weight_t`; quantized linears run eager
+        # torch's weight-only kernels under inductor or CUDA graph capture are not tested here:
+        # a quantized model runs the one forward as it is
+        return None
 
     key = (options.compile, options.cuda_graphs)
     with _build_lock:
