@@ -123,6 +123,11 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)
     api_keys: list[str] = Field(default_factory=list, description="empty = open")
     admin_token: str | None = Field(None, description="admin endpoints are refused when unset")
+    # with api_keys, each key's cached prompt pages are its own (runtime.server.tenancy); on:
+    # every key reuses every other's, and learns from cached_tokens what the others sent
+    prefix_cache_shared_across_keys: bool = Field(
+        False, description="API keys share one prefix cache (default: isolated per key)"
+    )
     max_body_bytes: int = Field(1 << 20, ge=1024)
     # a body not received in full within this is answered 408 and its connection closed, so a
     # slow or stalled client cannot hold a worker or the drain

@@ -40,6 +40,9 @@ class GenerationRequest:
     timeout_s: float | None = None  # None = the engine's request_timeout_s
     traceparent: str | None = None
     user: str | None = None
+    # prefix-cache namespace: only sequences with the same salt share cached pages (the server
+    # sets it from the API key's tenant and the body's `cache_salt`; "" = the shared namespace)
+    cache_salt: str = ""
 
 
 @dataclass

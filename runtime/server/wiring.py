@@ -22,6 +22,7 @@ from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.stats import FanOut
 from runtime.models.loader import resolve_device
 from runtime.server.state import ServerState
+from runtime.server.tenancy import TenantCacheTally
 from runtime.serving.replicas import ReplicaSet
 from runtime.serving.router import Router
 
@@ -67,6 +68,8 @@ def build_state(
     fanout = FanOut()
     router = (make_router or (lambda sink: build_router(settings, sink)))(fanout)
     state = ServerState(settings=settings, router=router, stats=fanout)
+    state.tenants = TenantCacheTally()
+    fanout.add(state.tenants)
     attach_telemetry(state)
     if settings.storage_enabled:
         attach_storage(state)

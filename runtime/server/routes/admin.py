@@ -1,4 +1,5 @@
-"""Operator endpoints behind the admin token: the batch policy and the memory report."""
+"""Operator endpoints behind the admin token: the batch policy, the memory report and the
+prefix-cache hit rate per tenant."""
 
 from __future__ import annotations
 
@@ -37,6 +38,19 @@ class MemoryReport(BaseModel):
     # per request, shared, cached, free)
     allocators: list[dict[str, Any]]
     kv_caches: list[dict[str, Any]]  # one per model version: page counts, prefix-cache counts
+
+
+class TenantPrefixCache(BaseModel):
+    tenant: str  # key-<n>: the n-th configured API key; "open" without API keys
+    requests: int
+    prompt_tokens: int
+    cached_tokens: int
+    hit_ratio: float  # cached_tokens / prompt_tokens
+
+
+class PrefixCacheReport(BaseModel):
+    shared_across_keys: bool  # settings.prefix_cache_shared_across_keys
+    tenants: list[TenantPrefixCache]
 
 
 def _loaded_engines(request: Request) -> list[tuple[str, str, Any]]:
@@ -84,3 +98,13 @@ async def memory(request: Request) -> MemoryReport:
             }
         )
     return MemoryReport(allocators=allocators, kv_caches=kv_caches)
+
+
+@router.get("/prefix-cache", response_model=PrefixCacheReport)
+async def prefix_cache(request: Request) -> PrefixCacheReport:
+    state = get_state(request)
+    rows = state.tenants.rows() if state.tenants is not None else []
+    return PrefixCacheReport(
+        shared_across_keys=state.settings.prefix_cache_shared_across_keys,
+        tenants=[TenantPrefixCache(**asdict(r), hit_ratio=round(r.hit_ratio, 6)) for r in rows],
+    )

@@ -59,7 +59,16 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
         route.engine, len(ids), COMPLETION_DEFAULT_MAX_TOKENS
     )
     params = gen.sampling_params(body, max_tokens)
-    sub = gen.submit(request, route, rid, ids, params, operation="text_completion", user=body.user)
+    sub = gen.submit(
+        request,
+        route,
+        rid,
+        ids,
+        params,
+        operation="text_completion",
+        user=body.user,
+        cache_salt=body.cache_salt,
+    )
 
     def base() -> dict[str, Any]:
         return {
@@ -107,7 +116,16 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         or gen.default_max_tokens(route.engine, len(ids), CHAT_DEFAULT_MAX_TOKENS)
     )
     params = gen.sampling_params(body, max_tokens)
-    sub = gen.submit(request, route, rid, ids, params, operation="chat", user=body.user)
+    sub = gen.submit(
+        request,
+        route,
+        rid,
+        ids,
+        params,
+        operation="chat",
+        user=body.user,
+        cache_salt=body.cache_salt,
+    )
 
     def base() -> dict[str, Any]:
         return {
