@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from runtime.cli.params import Bounded
 from runtime.config import load_settings
 from runtime.errors import ModelLoadError
 
@@ -15,7 +16,7 @@ from runtime.errors import ModelLoadError
 @click.command("serve")
 @click.option("--model", "model_path", type=click.Path(path_type=Path), help="checkpoint dir")
 @click.option("--host", default=None, help="bind address (default 127.0.0.1)")
-@click.option("--port", type=int, default=None, help="port (default 8000)")
+@click.option("--port", type=Bounded(0, 65535), default=None, help="port (default 8000)")
 @click.option(
     "--config", "config_file", type=click.Path(exists=True, path_type=Path), help="YAML settings"
 )
