@@ -104,6 +104,7 @@ def attach_telemetry(state: ServerState) -> None:
     if settings.metrics_enabled:
         state.registry = monitoring.registry
         state.stats.add(monitoring.prometheus)
+        attach_self_check_metrics(monitoring.registry, engines)
         sets = [engine for _, _, engine in engines if isinstance(engine, ReplicaSet)]
         if sets:  # fastllm_scheduler_steals_total follows the pools' cumulative steal counts
             monitoring.prometheus.set_steals_source(lambda: sum(s.num_steals for s in sets))
@@ -117,6 +118,14 @@ def attach_telemetry(state: ServerState) -> None:
         state.start_span = start_span
     state.on_stop.append(monitoring.shutdown)
     state.monitoring = monitoring
+
+
+def attach_self_check_metrics(registry: Any, engines: list[tuple[str, str, Any]]) -> None:
+    from monitoring.self_check import SelfCheckCollector
+
+    none: Callable[[], Any] = lambda: None  # noqa: E731 - an engine without a self-check
+    sources = [(m, v, getattr(e, "self_check_result", none)) for m, v, e in engines]
+    registry.register(SelfCheckCollector(sources))
 
 
 def anomaly_threshold(settings: Settings) -> float:
