@@ -5,6 +5,7 @@ token sees the hit rate per tenant."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -93,3 +94,22 @@ def test_tenants_are_named_by_key_position_never_the_key() -> None:
     assert prefix_salt(None, '["key-1", ""]', shared=False) != prefix_salt(
         "key-1", None, shared=False
     )
+
+
+def test_the_status_summary_shows_the_idle_self_check(served: LiveServer) -> None:
+    """After the requests above the idle engine checks itself; the summary says it is clean
+    (and the gauges on /metrics agree)."""
+    a = openai.OpenAI(base_url=f"{served.url}/v1", api_key=KEY_A, max_retries=0)
+    cached(a, "a short one")
+    headers = {"Authorization": f"Bearer {KEY_A}"}
+    version: dict = {}
+    for _ in range(200):  # until the engine has been idle long enough to run its check
+        body = httpx.get(f"{served.url}/status/api/summary", headers=headers).json()
+        version = body["server"]["versions"][0]
+        if version["kv_leaked_pages"] is not None:
+            break
+        time.sleep(0.1)
+    assert version["kv_leaked_pages"] == 0 and version["allocator_orphan_blocks"] == 0
+    metrics = httpx.get(f"{served.url}/metrics").text
+    assert 'fastllm_kv_leaked_pages{model="llama",version="stable"} 0.0' in metrics
+    assert 'fastllm_allocator_orphan_blocks{model="llama",version="stable"} 0.0' in metrics
