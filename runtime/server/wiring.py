@@ -68,9 +68,9 @@ def build_state(
     fanout = FanOut()
     router = (make_router or (lambda sink: build_router(settings, sink)))(fanout)
     state = ServerState(settings=settings, router=router, stats=fanout)
-    state.tenants = TenantCacheTally()
-    fanout.add(state.tenants)
     attach_telemetry(state)
+    state.tenants = TenantCacheTally()  # after the metrics sink: nothing delays the counters
+    fanout.add(state.tenants)
     if settings.storage_enabled:
         attach_storage(state)
     if settings.verify_sample_rate > 0:
