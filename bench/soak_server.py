@@ -11,9 +11,9 @@ clients, N requests to /v1/completions with token-id prompts (fixed seed):
 - cancellations: 10% of the requests stream and the client hangs up after the first chunk.
 
 The server's RSS is sampled every `interval` finished requests (the first 10% are warm-up); after
-the drain /metrics gives the KV pages still held and the allocator bytes in use beyond those at
-the start. `--model` takes any checkpoint `fastllm serve` loads (default: the `small` random
-llama, built once).
+the drain /metrics gives the KV pages still held, the allocator bytes in use (the KV pool's one
+block among them) and the idle self-check's leaked pages and orphan blocks. `--model` takes any
+checkpoint `fastllm serve` loads (default: the `small` random llama, built once).
 """
 
 from __future__ import annotations
@@ -54,7 +54,9 @@ class ServerSoakFigures:
     streamed_requests: int
     prefix_hit_tokens: int  # from /metrics after the run
     kv_pages_held_after_drain: int
-    allocator_in_use_growth_bytes: int  # in use after the drain - at start (the KV pool is one)
+    allocator_in_use_bytes_after_drain: int  # the KV pool is one block, reserved at load
+    kv_leaked_pages_after_drain: int  # the idle self-check's gauges (-1: not exported)
+    allocator_orphan_blocks_after_drain: int
     seconds: float
 
 
@@ -108,8 +110,11 @@ def scrape(url: str) -> dict[str, float]:
         "fastllm_kv_cache_pages": ("state", "used"),
         "fastllm_allocator_bytes": ("state", "in_use"),
         "fastllm_prefix_cache_hits_total": None,
+        "fastllm_kv_leaked_pages": None,
+        "fastllm_allocator_orphan_blocks": None,
     }
     out = dict.fromkeys(wanted, 0.0)
+    out["fastllm_kv_leaked_pages"] = out["fastllm_allocator_orphan_blocks"] = -1.0
     text = httpx.get(f"{url}/metrics", timeout=30).text
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -118,7 +123,7 @@ def scrape(url: str) -> dict[str, float]:
                 continue
             label = wanted[name]
             if label is None or s.labels.get(label[0]) == label[1]:
-                out[name] += s.value
+                out[name] = max(out[name], 0.0) + s.value
     return out
 
 
@@ -179,10 +184,9 @@ def run_server_soak(
     try:
         models = httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"]
         name = models[0]["id"]
-        before = scrape(server.url)
         vocab, pid = _vocab_size(model), server.proc.pid
         run = asyncio.run(_drive(server.url, name, num_requests, interval, vocab, pid, stop_at))
-        time.sleep(2.0)  # cancelled sequences are reaped on the engine's next step
+        time.sleep(3.0)  # cancelled sequences reaped; the engine idle long enough to self-check
         after = scrape(server.url)
     finally:
         server.stop()
@@ -200,9 +204,9 @@ def run_server_soak(
         streamed_requests=run["streamed"],
         prefix_hit_tokens=int(after["fastllm_prefix_cache_hits_total"]),
         kv_pages_held_after_drain=int(after["fastllm_kv_cache_pages"]),
-        allocator_in_use_growth_bytes=int(
-            after["fastllm_allocator_bytes"] - before["fastllm_allocator_bytes"]
-        ),
+        allocator_in_use_bytes_after_drain=int(after["fastllm_allocator_bytes"]),
+        kv_leaked_pages_after_drain=int(after["fastllm_kv_leaked_pages"]),
+        allocator_orphan_blocks_after_drain=int(after["fastllm_allocator_orphan_blocks"]),
         seconds=round(time.perf_counter() - start, 1),
     )
     return {"figures": asdict(figures), "samples": samples}
