@@ -23,6 +23,7 @@ from alerts.alert_series import AlertSeries
 from alerts.events import EventSink, MemoryEvents
 from alerts.manager import RuleManager
 from alerts.notifiers import Background, Notification
+from alerts.outage import OutageLog
 from alerts.promql import LOOKBACK_S
 from alerts.rules import load_rules
 from alerts.scheduler import get_scheduler
@@ -87,6 +88,8 @@ class AlertEvaluator:
         self.recent: deque[Transition] = deque(maxlen=256)  # newest transitions (status page)
         self._last_sent: float | None = None
         self._job_id: str | None = None
+        self.outage = OutageLog(log, "alert evaluation")  # e.g. the database unreachable
+        self.events_outage = OutageLog(log, "recording alert events")
 
     def _names(self) -> set[str] | None:
         names = self.manager.metric_names
@@ -105,7 +108,9 @@ class AlertEvaluator:
             try:
                 self.events.record(transitions)
             except Exception as exc:
-                log.warning("cannot record alert events: %s", exc)
+                self.events_outage.failed(exc)
+            else:
+                self.events_outage.ok()
         self._notify(t, changed=any(tr.state != "pending" for tr in transitions))
         self.store.prune(t - self.retention_s)
         return transitions
@@ -123,8 +128,10 @@ class AlertEvaluator:
     def _safe_tick(self) -> None:
         try:
             self.tick()
-        except Exception:  # a scheduler job must never die silently
-            log.exception("alert evaluation failed")
+        except Exception as exc:  # a scheduler job must never die silently, nor flood the log
+            self.outage.failed(exc)
+        else:
+            self.outage.ok()
 
     def start(self) -> None:
         """Run `tick` every interval on the process's BackgroundScheduler."""

@@ -45,7 +45,9 @@ class Server:
             self.proc.kill()
 
 
-def start_server(model: str, device: str, policy: dict[str, str]) -> Server:
+def start_server(
+    model: str, device: str, policy: dict[str, str], ready_timeout_s: float = 300.0
+) -> Server:
     """`fastllm serve` with the FASTLLM_* batch settings in `policy` (empty: the defaults);
     metrics on (the traces come from /metrics), tracing, storage and alerts off."""
     with socket.socket() as sock:
@@ -65,7 +67,7 @@ def start_server(model: str, device: str, policy: dict[str, str]) -> Server:
     cmd = [sys.executable, "-m", "runtime", "serve", "--model", model, "--port", str(port)]
     proc = subprocess.Popen([*cmd, "--log-level", "warning"], env=env, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + ready_timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}")

@@ -1,6 +1,8 @@
 """Memory soak: N generation requests through the tiny llama, pooled allocator vs plain torch.
 
     python -m bench.soak [--requests N] [--quick] [--telemetry] [--threads N] [--cache-dir DIR]
+    python -m bench.soak --server [--model DIR] [--requests N] [--samples-out FILE]
+    python -m bench.soak --embeddings [--requests N] [--samples-out FILE]
 
 Workload (fixed seed): prompts of 8–512 tokens, 1–64 new tokens (greedy, never stopping early),
 submitted in batches of 1–48 requests, the next batch queued before the previous one is awaited.
@@ -16,6 +18,8 @@ Last line: one JSON object with the pooled figures at the top level and the unpo
 "unpooled". --telemetry wires in the server's Prometheus and tracing sinks, opens a span per
 request and scrapes /metrics at every sample (bench.soak_telemetry).
 Targets at N = 100,000: RSS fluctuation <= 2%, RSS growth <= 1%, live blocks 0.
+--server runs generation through `fastllm serve` instead (bench.soak_server: streaming and not,
+client cancellations, shared-prefix hits; --model picks the checkpoint, default the small llama);
 --embeddings runs the seed's claim instead: the real MiniLM weights through `fastllm serve` and
 /v1/embeddings, the server's RSS sampled (bench.soak_embeddings), with the same RSS targets.
 """
@@ -43,6 +47,11 @@ TARGETS = {
     "kv_pages_held_after_drain": 0,
 }
 MODES = ("pooled", "unpooled")
+SERVER_DRAIN_KEYS = (
+    "kv_pages_held_after_drain",
+    "kv_leaked_pages_after_drain",
+    "allocator_orphan_blocks_after_drain",
+)
 QUICK_REQUESTS = 1000
 
 
@@ -80,6 +89,22 @@ def print_table(results: dict[str, dict]) -> None:
     Console(file=sys.stdout, width=200).print(table)
 
 
+def _run_http_soak(args: argparse.Namespace) -> dict:
+    if args.embeddings:
+        from bench.soak_embeddings import run_embeddings_soak
+
+        return run_embeddings_soak(args.requests, args.interval, max_seconds=args.max_seconds)
+    from bench.soak_server import run_server_soak
+
+    model = args.model
+    if model is None:
+        model = args.cache_dir / "llama-small-seed0"
+        if not (model / "config.json").is_file():
+            print(f"building the small llama under {model}", file=sys.stderr)
+            make_demo_model(model, arch="llama", size="small", seed=0)
+    return run_server_soak(model, args.requests, args.interval, max_seconds=args.max_seconds)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=None, help="default 100000 (quick: 1000)")
@@ -87,6 +112,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--telemetry", action="store_true", help="with metrics + tracing sinks")
     parser.add_argument(
         "--embeddings", action="store_true", help="MiniLM through the server's /v1/embeddings"
+    )
+    parser.add_argument(
+        "--server",
+        action="store_true",
+        help="generation through `fastllm serve`: streaming, cancellations, prefix hits",
+    )
+    parser.add_argument(
+        "--model", type=Path, default=None, help="--server: checkpoint (default: the small llama)"
+    )
+    parser.add_argument(
+        "--samples-out", type=Path, default=None, help="write the RSS samples here (JSON)"
+    )
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        default=float("inf"),
+        help="--server/--embeddings: start no request after this long (report what finished)",
     )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
@@ -100,13 +142,15 @@ def main(argv: list[str] | None = None) -> None:
         args.interval = max(1, min(1000, args.requests // 20))
     if args.requests < 2 * args.interval:
         parser.error(f"--requests must be >= {2 * args.interval} to give samples past warm-up")
-    if args.embeddings:
-        from bench.soak_embeddings import run_embeddings_soak
-
-        result = run_embeddings_soak(args.requests, args.interval)
-        report = {**result["figures"], "embeddings": True}
+    if args.embeddings or args.server:
+        result = _run_http_soak(args)
+        report = {**result["figures"], "embeddings": args.embeddings}
+        if args.samples_out is not None:
+            args.samples_out.write_text(json.dumps(result["samples"]))
         rss_keys = ("rss_fluctuation_pct", "rss_growth_pct")
         missed = [k for k in rss_keys if abs(report[k]) > TARGETS[k]]
+        if args.server:
+            missed += [k for k in SERVER_DRAIN_KEYS if report[k] > 0]  # -1: not exported
         if missed or report["failed_requests"]:
             print(f"outside target: {', '.join(missed) or 'failed requests'}", file=sys.stderr)
         print(json.dumps(report))

@@ -50,14 +50,16 @@ def _texts(rng: random.Random) -> list[str]:
     ]
 
 
-async def _drive(url: str, model: str, n: int, interval: int, pid: int) -> tuple[list, int]:
+async def _drive(
+    url: str, model: str, n: int, interval: int, pid: int, stop_at: float
+) -> tuple[list, int, int]:
     process = psutil.Process(pid)
     samples: list[tuple[int, int]] = []  # (requests done, server RSS bytes)
     state = {"next": 0, "done": 0, "failed": 0}
 
     async def client(k: int, http: httpx.AsyncClient) -> None:
         rng = random.Random(k)
-        while state["next"] < n:
+        while state["next"] < n and time.monotonic() < stop_at:
             state["next"] += 1
             body = {"model": model, "input": _texts(rng)}
             response = await http.post(f"{url}/v1/embeddings", json=body)
@@ -75,25 +77,30 @@ async def _drive(url: str, model: str, n: int, interval: int, pid: int) -> tuple
 
     async with httpx.AsyncClient(timeout=120) as http:
         await asyncio.gather(*(client(k, http) for k in range(CONCURRENCY)))
-    return samples, state["failed"]
+    return samples, state["failed"], state["done"]
 
 
-def run_embeddings_soak(num_requests: int, interval: int, device: str = "cpu") -> dict:
+def run_embeddings_soak(
+    num_requests: int, interval: int, device: str = "cpu", max_seconds: float = float("inf")
+) -> dict:
+    """`max_seconds`: no request is started after that long; the figures then cover the
+    requests actually finished."""
     model = minilm_dir()
     print("policy: defaults (embeddings do not go through the batch controller)", file=sys.stderr)
     server = start_server(str(model), device, {})
     start = time.perf_counter()
     try:
-        samples, failed = asyncio.run(
-            _drive(server.url, model.name, num_requests, interval, server.proc.pid)
+        stop_at = time.monotonic() + max_seconds
+        samples, failed, done = asyncio.run(
+            _drive(server.url, model.name, num_requests, interval, server.proc.pid, stop_at)
         )
     finally:
         server.stop()
-    kept = [rss for done, rss in samples if done > num_requests * WARMUP_FRACTION]
+    kept = [rss for n, rss in samples if n > done * WARMUP_FRACTION]
     if len(kept) < 2:
         raise ValueError(f"need >= 2 samples after warm-up, got {len(kept)}")
     figures = EmbeddingSoakFigures(
-        requests=num_requests,
+        requests=done,
         rss_fluctuation_pct=round(fluctuation_pct(kept), 3),
         rss_growth_pct=round(growth_pct(kept), 3),
         rss_mean_mib=round(sum(kept) / len(kept) / 2**20, 1),

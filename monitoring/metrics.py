@@ -54,7 +54,12 @@ CONTRACT_METRIC_NAMES: tuple[str, ...] = (
     "fastllm_grammar_incomplete_total",
 )
 
-OPTIONAL_METRIC_NAMES: tuple[str, ...] = ("fastllm_device_tensor_active_ratio",)
+OPTIONAL_METRIC_NAMES: tuple[str, ...] = (
+    "fastllm_device_tensor_active_ratio",
+    # the idle self-check (monitoring.self_check): absent until an engine has been idle
+    "fastllm_kv_leaked_pages",
+    "fastllm_allocator_orphan_blocks",
+)
 
 # Label values pre-initialised so that a scrape shows them at zero before any traffic.
 FINISHED_REASONS: tuple[str, ...] = tuple(r.value for r in FinishReason)

@@ -133,6 +133,11 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)
     api_keys: list[str] = Field(default_factory=list, description="empty = open")
     admin_token: str | None = Field(None, description="admin endpoints are refused when unset")
+    # with api_keys, each key's cached prompt pages are its own (runtime.server.tenancy); on:
+    # every key reuses every other's, and learns from cached_tokens what the others sent
+    prefix_cache_shared_across_keys: bool = Field(
+        False, description="API keys share one prefix cache (default: isolated per key)"
+    )
     max_body_bytes: int = Field(1 << 20, ge=1024)
     # a body not received in full within this is answered 408 and its connection closed, so a
     # slow or stalled client cannot hold a worker or the drain
@@ -262,6 +267,26 @@ class Settings(BaseSettings):
         return tuple(sources)
 
 
+def check_settings_file(path: str | Path) -> None:
+    """The --config file (FASTLLM_CONFIG) is readable YAML holding one mapping: anything else
+    would surface as a YAML traceback or a TypeError from deep inside pydantic-settings."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--config {path}: cannot read it ({exc})", param="config") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"--config {path}: malformed YAML{at}", param="config") from None
+    if data is not None and not isinstance(data, dict):
+        kind = type(data).__name__
+        raise ConfigError(
+            f"--config {path}: expected a mapping of settings, got a YAML {kind}", param="config"
+        )
+
+
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
     """Build settings; `overrides` are CLI flags (None values are ignored so defaults apply).
     An invalid value from any source is a ConfigError naming the setting and its variable."""
@@ -280,6 +305,9 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Se
 
 
 def _validated(flags: dict[str, Any]) -> Settings:
+    yaml_path = os.environ.get("FASTLLM_CONFIG")
+    if yaml_path:
+        check_settings_file(yaml_path)
     try:
         return Settings(**flags)
     except SettingsError as exc:  # a value a source could not even decode (e.g. bad JSON)

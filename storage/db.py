@@ -13,6 +13,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util import CommandError
 from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.exc import NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.pool import StaticPool
@@ -92,6 +93,9 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
             after = MigrationContext.configure(connection).get_current_revision()
     except SQLAlchemyError as exc:
         raise StorageError(f"cannot migrate {engine.url!r}: {exc}") from exc
+    except CommandError as exc:  # an unknown target, or a database stamped by another version
+        url = engine.url.render_as_string(hide_password=True)
+        raise StorageError(f"cannot migrate {url} to revision {revision!r}: {exc}") from exc
     # one INFO line when the schema moved; every later (idempotent) call is debug-only
     level = logging.INFO if before != after else logging.DEBUG
     log.log(

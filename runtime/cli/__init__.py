@@ -69,11 +69,23 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
+    except click.exceptions.UsageError as exc:  # one line naming the option (no usage block)
+        click.echo(f"error: {exc.format_message()}", err=True)
+        sys.exit(2)
     except click.exceptions.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
     except FastllmError as exc:
-        click.echo(f"error: {exc.message}", err=True)
+        # one line: a wrapped driver error's SQL and background link stay out of it
+        click.echo(f"error: {(exc.message.strip().splitlines() or [''])[0]}", err=True)
+        sys.exit(2)
+    except Exception as exc:  # the environment's own errors: one line too (runtime.cli.failures)
+        from runtime.cli.failures import describe, is_debug
+
+        line = describe(exc)
+        if line is None or is_debug():
+            raise
+        click.echo(f"error: {line}", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -12,6 +12,7 @@ import click
 
 from alerts.errors import AlertRuleError
 from runtime.cli.export_out import out_options, write_or_check
+from runtime.cli.params import Bounded, Finite
 
 
 @click.group("alerts")
@@ -72,7 +73,7 @@ def check(rules_path: Path | None, promtool: bool) -> None:
 @click.option(
     "--interval",
     "interval_s",
-    type=float,
+    type=Finite(0.0, 86_400.0, min_open=True),
     default=15.0,
     show_default=True,
     help="seconds between samples/evaluations",
@@ -87,12 +88,14 @@ def check(rules_path: Path | None, promtool: bool) -> None:
 )
 @click.option(
     "--time-scale",
-    type=float,
+    type=Finite(0.0, 1e6, min_open=True),
     default=1.0,
     show_default=True,
     help="multiply every for:/range window (demos shorten them)",
 )
-@click.option("--rounds", type=int, default=0, help="stop after N rounds (0: until Ctrl-C)")
+@click.option(
+    "--rounds", type=Bounded(0, 10**9), default=0, help="stop after N rounds (0: until Ctrl-C)"
+)
 def run(
     metrics_url: str,
     interval_s: float,

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta, timezone
 
 import click
 
+from runtime.cli.params import Bounded, Finite
 from runtime.config import load_settings
 from runtime.errors import ConfigError
 from storage.errors import StorageError
@@ -16,18 +17,24 @@ from storage.errors import StorageError
 _UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
+MAX_SINCE_S = 36_500 * 86_400.0
+
+
 def parse_since(value: str) -> timedelta:
     """Parse "90s", "15m", "1h", "7d", "2w" → timedelta."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", value)
     if match is None:
         raise ConfigError(f"--since {value!r}: expected a number and a unit s/m/h/d/w, e.g. 1h")
-    return timedelta(seconds=float(match.group(1)) * _UNITS_S[match.group(2)])
+    seconds = float(match.group(1)) * _UNITS_S[match.group(2)]
+    if seconds > MAX_SINCE_S:  # beyond it, now - since is before year 1 (an OverflowError)
+        raise ConfigError(f"--since {value!r}: at most 100 years (36500d)", param="since")
+    return timedelta(seconds=seconds)
 
 
 @click.command("audit")
 @click.option(
     "--threshold",
-    type=float,
+    type=Finite(0.0, 1e30),
     default=None,
     help="absolute error; default: settings.verify_threshold, else per dtype "
     "(float32 1e-3, float16 1e-2, bfloat16 5e-2)",
@@ -42,7 +49,7 @@ def parse_since(value: str) -> timedelta:
 @click.option("--op", default=None, help="only this op: logit, geglu, swiglu, rms_norm, ...")
 @click.option(
     "--max-anomalies",
-    type=click.IntRange(min=0),
+    type=Bounded(0, 2**62),
     default=0,
     show_default=True,
     help="exit 1 when more anomalies than this",
@@ -50,7 +57,7 @@ def parse_since(value: str) -> timedelta:
 @click.option(
     "--limit",
     "num_worst",
-    type=click.IntRange(min=0),
+    type=Bounded(0, 10_000),
     default=10,
     show_default=True,
     help="worst rows to show",

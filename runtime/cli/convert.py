@@ -83,7 +83,8 @@ def command(
         MofNCompleteColumn(),
         TextColumn("{task.fields[name]}"),
     )
-    with Progress(*columns, console=console, disable=quiet, transient=False) as progress:
+    # transient: a failure leaves only its one error line; success prints its own line below
+    with Progress(*columns, console=console, disable=quiet, transient=True) as progress:
         task = progress.add_task("convert", total=None, name="")
 
         def on_tensor(name: str, index: int, total: int) -> None:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from runtime.cli.params import Bounded, Finite
 from runtime.config import load_settings
 from storage.errors import StorageError
 
@@ -70,8 +71,13 @@ def current_cmd(database_url: str | None) -> None:
 
 @command.command("prune")
 @database_url_option
-@click.option("--retention-days", type=float, default=None, help="default: settings.retention_days")
-@click.option("--batch-size", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option(
+    "--retention-days",
+    type=Finite(0.0, 36_500.0, min_open=True),
+    default=None,
+    help="default: settings.retention_days",
+)
+@click.option("--batch-size", type=Bounded(1, 10**7), default=1000, show_default=True)
 def prune_cmd(database_url: str | None, retention_days: float | None, batch_size: int) -> None:
     """Delete rows older than the retention window, in batches."""
     from storage.retention import prune

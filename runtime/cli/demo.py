@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from runtime.cli.params import Bounded
 from runtime.models.demo import ARCHS, SIZES
 
 EPILOG = """\b
@@ -26,7 +27,13 @@ Examples:
     show_default=True,
     help="tiny: hidden 64, 2 layers; small: the ~56M-parameter benchmark model.",
 )
-@click.option("--seed", default=0, show_default=True, help="Same seed -> identical files.")
+@click.option(
+    "--seed",
+    type=Bounded(0, 2**63 - 1),
+    default=0,
+    show_default=True,
+    help="Same seed -> identical files.",
+)
 def command(directory: Path, arch: str, size: str, seed: int) -> None:
     """Write random weights (safetensors, config.json) and a tokenizer to DIRECTORY."""
     from runtime.models.demo import make_demo_model

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from runtime.cli.params import Bounded, Finite
 from runtime.errors import InvalidRequestError
 
 EPILOG = """\b
@@ -24,11 +25,33 @@ Examples:
     type=click.Path(path_type=Path),
     help="HuggingFace-layout model directory.",
 )
-@click.option("--max-tokens", default=64, show_default=True, help="Completion tokens at most.")
-@click.option("--temperature", default=0.0, show_default=True, help="0 = greedy.")
-@click.option("--top-p", default=1.0, show_default=True, help="Nucleus sampling mass.")
-@click.option("--top-k", default=0, show_default=True, help="Keep the k most likely (0 = off).")
-@click.option("--seed", type=int, default=None, help="Seed for a repeatable sample.")
+@click.option(
+    "--max-tokens",
+    type=Bounded(1, 1 << 20),
+    default=64,
+    show_default=True,
+    help="Completion tokens at most.",
+)
+@click.option(
+    "--temperature", type=Finite(0.0, 2.0), default=0.0, show_default=True, help="0 = greedy."
+)
+@click.option(
+    "--top-p",
+    type=Finite(0.0, 1.0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Nucleus sampling mass.",
+)
+@click.option(
+    "--top-k",
+    type=Bounded(0, 1 << 20),
+    default=0,
+    show_default=True,
+    help="Keep the k most likely (0 = off).",
+)
+@click.option(
+    "--seed", type=Bounded(0, 2**63 - 1), default=None, help="Seed for a repeatable sample."
+)
 @click.option("--stop", multiple=True, help="Stop string (repeatable); not printed.")
 @click.option("--ignore-eos", is_flag=True, help="Keep going past the end-of-sequence token.")
 @click.option("--chat", is_flag=True, help="Wrap PROMPT as a user message (chat template).")

@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from runtime.cli.params import Finite
 from runtime.errors import FastllmError, PermissionDeniedError, ServiceUnavailable
 
 EPILOG = """\b
@@ -127,7 +128,7 @@ def command() -> None:
 
 
 @command.command("set")
-@click.option("--weight", type=click.FloatRange(0.0, 1.0), required=True, help="canary share")
+@click.option("--weight", type=Finite(0.0, 1.0), required=True, help="canary share")
 @_options
 @click.pass_context
 def set_cmd(ctx: click.Context, weight: float, urls: tuple[str, ...], **kw: Any) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from runtime.cli.params import Bounded
 from runtime.config import load_settings
 from runtime.errors import ModelLoadError
 
@@ -20,7 +21,7 @@ from runtime.errors import ModelLoadError
     help="checkpoint dir, or a .gguf file (served as the file name without .gguf)",
 )
 @click.option("--host", default=None, help="bind address (default 127.0.0.1)")
-@click.option("--port", type=int, default=None, help="port (default 8000)")
+@click.option("--port", type=Bounded(0, 65535), default=None, help="port (default 8000)")
 @click.option(
     "--config", "config_file", type=click.Path(exists=True, path_type=Path), help="YAML settings"
 )

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import replace
 
 import torch
@@ -56,6 +56,8 @@ class EngineCore:
         self.sink = sink
         self.allocator_stats = allocator_stats
         self.on_close = on_close  # called under the lock when a sequence closes (debug hooks)
+        # called under the lock while idle: (now, num_steps, live request ids); self_check.py
+        self.on_idle: Callable[[float, int, Collection[str]], None] | None = None
         self.lock = threading.Condition()
         self.seqs: dict[str, Sequence] = {}  # live (not yet closed) sequences by request id
         self.in_flight: set[str] = set()  # request ids in the step being executed
@@ -180,6 +182,8 @@ class EngineCore:
                 if batch.is_empty:
                     records, self.records = self.records, []
                     if not records:
+                        if self.on_idle is not None:
+                            self._run_idle_hook()
                         self.lock.wait(self.config.idle_wait_s)
                 else:
                     self.in_flight = {item.seq.request_id for item in batch.items}
@@ -190,6 +194,13 @@ class EngineCore:
             # between steps and outside the lock: the heap's free pages back to the OS now and
             # then, so RSS follows what is in use instead of the heap's fragmented high-water mark
             self.trimmer.maybe_trim(time.monotonic())
+
+    def _run_idle_hook(self) -> None:
+        assert self.on_idle is not None
+        try:
+            self.on_idle(time.monotonic(), self.num_steps, self.seqs.keys())
+        except Exception:  # a diagnostic must never stop the loop
+            log.exception("idle self-check failed")
 
     def _limit_binds(self, limit: int) -> bool:
         """After schedule(): requests left waiting with the batch at the limit (see StepStats)."""

@@ -42,6 +42,7 @@ from runtime.engine.request import (
     tokenize_prompt,
 )
 from runtime.engine.sampling import make_generator
+from runtime.engine.self_check import IdleSelfCheck, SelfCheckResult
 from runtime.engine.sequence import Sequence
 from runtime.engine.stats import (
     AllocatorStats,
@@ -78,6 +79,9 @@ class Engine:
         self.config = config
         self.sink = sink
         self.verifier = verifier
+        self.self_check: IdleSelfCheck | None = (
+            None  # built with the parts (runtime.engine.self_check)
+        )
         self._allocator = allocator
         self._loader = loader or default_loader(config)
         self._once: CallOnce[EngineParts] = CallOnce(self._build)
@@ -103,6 +107,12 @@ class Engine:
                 self.verifier.submit_sequence(seq, loaded.model, loaded.dtype)
 
         parts.core.on_close = on_close
+        self.self_check = IdleSelfCheck(
+            parts.kv_cache,
+            parts.allocator,
+            label=f"{self.config.model_name}/{self.config.model_version}",
+        )
+        parts.core.on_idle = self.self_check.on_idle
         return parts
 
     def load(self) -> None:
@@ -292,6 +302,10 @@ class Engine:
     def batch_policy(self) -> BatchPolicyConfig:
         """The controller's band and steps now (set_batch_policy changes them at run time)."""
         return self._parts.controller.config
+
+    def self_check_result(self) -> SelfCheckResult | None:
+        """The last idle self-check (None before the first, or before the model loaded)."""
+        return self.self_check.last if self.self_check is not None else None
 
     def allocator_stats(self) -> AllocatorStats:
         return self._parts.allocator.stats()

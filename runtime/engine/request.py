@@ -42,6 +42,9 @@ class GenerationRequest:
     traceparent: str | None = None
     user: str | None = None
     constraint: ConstraintSpec | None = None  # structured output (runtime.engine.constraints)
+    # prefix-cache namespace: only sequences with the same salt share cached pages (the server
+    # sets it from the API key's tenant and the body's `cache_salt`; "" = the shared namespace)
+    cache_salt: str = ""
 
 
 @dataclass

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from runtime.errors import ConfigError
-from runtime.memory.kv_pool import PagePool, page_key
+from runtime.memory.kv_pool import PagePool, page_key, salt_root
 from runtime.memory.kv_report import pool_rows
 from runtime.memory.kv_scratch import GatherScratch
 from runtime.memory.stats import KVCacheStats
@@ -51,6 +51,7 @@ class SequenceKV:
         self.num_tokens = 0  # tokens whose K/V are already stored
         self.keys: list[bytes] = []  # prefix keys of the first len(keys) pages (all full)
         self.num_cached_tokens = 0  # tokens found in the prefix cache when allocated
+        self.salt_key = b""  # what the first page's key chains from (kv_pool.salt_root)
         self.born_s = time.monotonic()
         self.scratch = scratch  # the cache's gather buffer (runtime.models.paged_attention)
 
@@ -158,13 +159,15 @@ class KVCache:
         return seq_id in self._seqs
 
     # --- the verbs -----------------------------------------------------------------------------
-    def allocate(self, seq_id: str, token_ids: Sequence[int]) -> SequenceKV:
+    def allocate(self, seq_id: str, token_ids: Sequence[int], salt: str = "") -> SequenceKV:
         """A block table for a sequence about to run; its first pages are the longest cached
-        prefix of `token_ids` (kv.num_tokens = kv.num_cached_tokens tokens already stored)."""
+        prefix of `token_ids` (kv.num_tokens = kv.num_cached_tokens tokens already stored) among
+        the pages cached under the same `salt` (a tenant's namespace; "" = the shared one)."""
         with self._lock:
             if seq_id in self._seqs:
                 raise ValueError(f"sequence {seq_id!r} already has KV")
             kv = SequenceKV(self.pool.data, seq_id, self.scratch)
+            kv.salt_key = salt_root(salt)
             if self.enable_prefix_caching:
                 self._reuse_prefix(kv, token_ids)
             self._seqs[seq_id] = kv
@@ -172,7 +175,7 @@ class KVCache:
 
     def _reuse_prefix(self, kv: SequenceKV, token_ids: Sequence[int]) -> None:
         size, pool = self.block_size, self.pool
-        prev = b""
+        prev = kv.salt_key
         for i in range((len(token_ids) - 1) // size):  # the last token is always computed
             key = page_key(prev, token_ids[i * size : (i + 1) * size], self.model_version)
             page = pool.lookup(key)
@@ -220,6 +223,7 @@ class KVCache:
                 self.pool.hold(page)
             kv.page_ids = parent.page_ids[:num_full] + copied
             kv.keys = parent.keys[:num_full]
+            kv.salt_key = parent.salt_key  # the choice's pages stay in its tenant's namespace
             kv.num_tokens = parent.num_tokens
             self._seqs[seq_id] = kv
             return kv
@@ -237,7 +241,7 @@ class KVCache:
             if kv.seq_id not in self._seqs:  # freed meanwhile (cancelled)
                 return
             for i in range(len(kv.keys), kv.num_tokens // size):
-                prev = kv.keys[-1] if kv.keys else b""
+                prev = kv.keys[-1] if kv.keys else kv.salt_key
                 key = page_key(prev, tokens(i * size, (i + 1) * size), self.model_version)
                 self.pool.publish(kv.page_ids[i], key)
                 kv.keys.append(key)

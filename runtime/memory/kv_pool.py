@@ -46,6 +46,15 @@ def page_key(prev_key: bytes, token_ids: Sequence[int], model_version: str) -> b
     return h.digest()
 
 
+def salt_root(salt: str) -> bytes:
+    """The key a salted sequence's first page chains from (an unsalted one chains from b""):
+    pages computed under different salts (tenants, a request's `cache_salt`) never share a key,
+    so one tenant can neither reuse nor detect another's cached prefix."""
+    if not salt:
+        return b""
+    return hashlib.blake2b(salt.encode(), digest_size=16, person=b"fastllm-salt").digest()
+
+
 class PagePool:
     """Pages, their reference counts, and the prefix index. Not thread-safe: KVCache locks."""
 

@@ -16,6 +16,7 @@ from safetensors import safe_open
 from torch import Tensor
 
 from runtime.errors import ModelLoadError, UnsafeCheckpointError
+from runtime.models.side_files import named_inside
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 log = logging.getLogger("fastllm.models")
@@ -58,10 +59,11 @@ def safetensors_files(path: Path) -> list[Path]:
             files = sorted(set(weight_map.values()))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ModelLoadError(f"invalid {index}: {exc}") from exc
-        missing = [f for f in files if not (path / f).is_file()]
+        shards = [named_inside(path, f, source=index) for f in files]
+        missing = [f for f, shard in zip(files, shards, strict=True) if not shard.is_file()]
         if missing:
             raise ModelLoadError(f"{index} names missing shard file(s): {', '.join(missing)}")
-        return [path / f for f in files]
+        return shards
     single = path / "model.safetensors"
     return [single] if single.is_file() else sorted(path.glob("*.safetensors"))
 
@@ -113,7 +115,8 @@ def _open_torch_bin(path: Path) -> TensorSource:
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ModelLoadError(f"invalid {index}: {exc}") from exc
     tensors: dict[str, Any] = {}
-    for file in [path / f for f in files] or [path / "pytorch_model.bin"]:
+    shards = [named_inside(path, f, source=index) for f in files]
+    for file in shards or [path / "pytorch_model.bin"]:
         tensors.update(_torch_load(file))
     return TensorSource(tensors, is_legacy=True, metadata={})
 

@@ -65,6 +65,7 @@ async def completions(
         operation="text_completion",
         user=body.user,
         constraint=constraint,
+        cache_salt=body.cache_salt,
     )
     base = _base(rid, subs[0].created, route.model, "text_completion")
 
@@ -117,6 +118,7 @@ async def chat(
         operation="chat",
         user=body.user,
         constraint=constraint,
+        cache_salt=body.cache_salt,
     )
     base = _base(rid, subs[0].created, route.model, "chat.completion.chunk")
 

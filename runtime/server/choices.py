@@ -60,8 +60,10 @@ def submit_prompts(
     operation: str,
     user: str | None,
     constraint: ConstraintSpec | None = None,
+    cache_salt: str | None = None,
 ) -> list[gen.Submitted]:
-    """`constraint`: every prompt's every choice follows it (each choice its own matcher)."""
+    """`constraint`: every prompt's every choice follows it (each choice its own matcher);
+    `cache_salt`: the body's prefix-cache namespace, inside the key's tenant."""
     subs: list[gen.Submitted] = []
     try:
         for k, ids in enumerate(prompts):
@@ -76,6 +78,7 @@ def submit_prompts(
                     operation=operation,
                     user=user,
                     constraint=constraint,
+                    cache_salt=cache_salt,
                 )
             )
     except BaseException:

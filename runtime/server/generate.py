@@ -24,6 +24,7 @@ from runtime.engine.sampling import SamplingParams
 from runtime.errors import Overloaded, RequestCancelled
 from runtime.server.schemas import _Sampling
 from runtime.server.state import get_state
+from runtime.server.tenancy import prefix_salt, tenant_of
 from runtime.serving.router import Route
 
 
@@ -77,8 +78,12 @@ def submit(
     operation: str,
     user: str | None,
     constraint: ConstraintSpec | None = None,
+    cache_salt: str | None = None,
 ) -> Submitted:
     state = get_state(request)
+    settings = state.settings
+    tenant = tenant_of(request.headers.get("authorization"), settings.api_keys)
+    salt = prefix_salt(tenant, cache_salt, shared=settings.prefix_cache_shared_across_keys)
     traceparent = request.headers.get("traceparent")
     if state.start_span is not None:
         attributes = {
@@ -97,7 +102,10 @@ def submit(
         traceparent=traceparent,
         user=user,
         constraint=constraint,
+        cache_salt=salt,
     )
+    if state.tenants is not None:
+        state.tenants.expect(request_id, tenant)
     try:
         handle = route.engine.submit(generation)
     except Overloaded:

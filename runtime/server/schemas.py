@@ -67,6 +67,12 @@ class _Sampling(_Request, StructuredFields):
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, max_length=256)
     ignore_eos: bool = Field(False, description="extension (as vLLM): run to max_tokens")
+    cache_salt: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description="extension (as vLLM): only requests with the same salt share cached prefixes",
+    )
 
     @property
     def stop_strings(self) -> tuple[str, ...]:

@@ -26,6 +26,9 @@ class ServedVersion:
     batch_size_limit: int | None  # None until loaded
     min_util: float | None  # the controller's band now (set_batch_policy moves it)
     max_util: float | None
+    # the last idle self-check (runtime.engine.self_check): None before the first
+    kv_leaked_pages: int | None = None
+    allocator_orphan_blocks: int | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,7 @@ def served_versions(state: ServerState) -> list[ServedVersion]:
             weight = route.canary_weight
             share = weight if version is route.canary else 1.0 - weight
             policy = engine.batch_policy if engine.is_loaded else None
+            check = getattr(engine, "self_check_result", lambda: None)()
             out.append(
                 ServedVersion(
                     model=route.model,
@@ -83,6 +87,8 @@ def served_versions(state: ServerState) -> list[ServedVersion]:
                     batch_size_limit=engine.batch_size_limit if engine.is_loaded else None,
                     min_util=policy.min_util if policy else None,
                     max_util=policy.max_util if policy else None,
+                    kv_leaked_pages=check.leaked_pages if check else None,
+                    allocator_orphan_blocks=check.orphan_blocks if check else None,
                 )
             )
     return out

@@ -22,6 +22,7 @@ from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.stats import FanOut
 from runtime.models.loader import resolve_device
 from runtime.server.state import ServerState
+from runtime.server.tenancy import TenantCacheTally
 from runtime.serving.replicas import ReplicaSet
 from runtime.serving.router import Router
 
@@ -68,6 +69,8 @@ def build_state(
     router = (make_router or (lambda sink: build_router(settings, sink)))(fanout)
     state = ServerState(settings=settings, router=router, stats=fanout)
     attach_telemetry(state)
+    state.tenants = TenantCacheTally()  # after the metrics sink: nothing delays the counters
+    fanout.add(state.tenants)
     if settings.storage_enabled:
         attach_storage(state)
     if settings.verify_sample_rate > 0:
@@ -103,6 +106,7 @@ def attach_telemetry(state: ServerState) -> None:
         state.stats.add(monitoring.prometheus)
         if monitoring.structured is not None:  # grammar metrics (structured output)
             state.stats.add(monitoring.structured)
+        attach_self_check_metrics(monitoring.registry, engines)
         sets = [engine for _, _, engine in engines if isinstance(engine, ReplicaSet)]
         if sets:  # fastllm_scheduler_steals_total follows the pools' cumulative steal counts
             monitoring.prometheus.set_steals_source(lambda: sum(s.num_steals for s in sets))
@@ -116,6 +120,14 @@ def attach_telemetry(state: ServerState) -> None:
         state.start_span = start_span
     state.on_stop.append(monitoring.shutdown)
     state.monitoring = monitoring
+
+
+def attach_self_check_metrics(registry: Any, engines: list[tuple[str, str, Any]]) -> None:
+    from monitoring.self_check import SelfCheckCollector
+
+    none: Callable[[], Any] = lambda: None  # noqa: E731 - an engine without a self-check
+    sources = [(m, v, getattr(e, "self_check_result", none)) for m, v, e in engines]
+    registry.register(SelfCheckCollector(sources))
 
 
 def anomaly_threshold(settings: Settings) -> float:

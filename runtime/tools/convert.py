@@ -39,6 +39,7 @@ from runtime.models.config import ModelArgs
 from runtime.models.loader import read_args
 from runtime.models.quant import INT4_GROUP_SIZES, QuantReport
 from runtime.models.quant_checkpoint import quantize_tensors
+from runtime.models.side_files import resolved_inside
 
 META_GEGLU_FIX = "fastllm.geglu_fix"
 META_SOURCE_SHA256 = "fastllm.source_sha256"
@@ -120,6 +121,8 @@ def convert_checkpoint(
         raise ConfigError(f"input {src} is not a directory", param="input")
     if dst.exists() and dst.resolve() == src.resolve():
         raise ConfigError("--output must differ from --input", param="output")
+    for file in [*weight_files(src), *_side_files(src)]:  # before anything is read
+        resolved_inside(src, file)
     args = read_args(src)
     source = open_checkpoint(src, legacy_support=True)  # weights_only=True for pickles
     previous = source.metadata
@@ -148,6 +151,7 @@ def convert_checkpoint(
         META_CONVERTED_FROM: "legacy" if is_legacy else "safetensors",
     }
     names = source.names()
+    dst.mkdir(parents=True, exist_ok=True)  # before the work: an unwritable output fails first
     tensors: dict[str, Tensor] = {}
     fixed: list[str] = []
     reports: list[QuantReport] = []
@@ -180,7 +184,6 @@ def convert_checkpoint(
         tensors[name] = tensor.detach().to("cpu").contiguous().clone()
         if on_tensor is not None:
             on_tensor(name, index + 1, len(names))
-    dst.mkdir(parents=True, exist_ok=True)
     _copy_side_files(src, dst)
     partial = dst / (OUTPUT_FILE + ".partial")
     save_file(tensors, str(partial), metadata=metadata)
@@ -212,10 +215,20 @@ def check_quantize(args: ModelArgs, metadata: dict[str, str], method: str, group
         )
 
 
+def _side_files(src: Path) -> list[Path]:
+    """Everything `_copy_side_files` reads, the files inside copied folders included."""
+    items = [i for i in sorted(src.iterdir()) if not _is_weight(i)]
+    return [*items, *(f for i in items if i.is_dir() for f in sorted(i.rglob("*")))]
+
+
+def _is_weight(item: Path) -> bool:
+    return item.name in _WEIGHT_INDEXES or item.suffix in _WEIGHT_SUFFIXES
+
+
 def _copy_side_files(src: Path, dst: Path) -> None:
     """config.json, tokenizer files and the rest; never weight files or their indexes."""
     for item in sorted(src.iterdir()):
-        if item.name in _WEIGHT_INDEXES or item.suffix in _WEIGHT_SUFFIXES:
+        if _is_weight(item):
             continue
         target = dst / item.name
         if item.is_dir():

@@ -1,4 +1,5 @@
-"""Operator endpoints behind the admin token: the batch policy and the memory report."""
+"""Operator endpoints behind the admin token: the batch policy, the memory report and the
+prefix-cache hit rate per tenant."""
 
 from __future__ import annotations
 
@@ -40,6 +41,19 @@ class MemoryReport(BaseModel):
     # one per model version: quantization and resident weight bytes by format (int8, int4, fp8
     # or the float dtype)
     weights: list[dict[str, Any]] = []
+
+
+class TenantPrefixCache(BaseModel):
+    tenant: str  # key-<n>: the n-th configured API key; "open" without API keys
+    requests: int
+    prompt_tokens: int
+    cached_tokens: int
+    hit_ratio: float  # cached_tokens / prompt_tokens
+
+
+class PrefixCacheReport(BaseModel):
+    shared_across_keys: bool  # settings.prefix_cache_shared_across_keys
+    tenants: list[TenantPrefixCache]
 
 
 def _loaded_engines(request: Request) -> list[tuple[str, str, Any]]:
@@ -97,3 +111,13 @@ async def memory(request: Request) -> MemoryReport:
             }
         )
     return MemoryReport(allocators=allocators, kv_caches=kv_caches, weights=weights)
+
+
+@router.get("/prefix-cache", response_model=PrefixCacheReport)
+async def prefix_cache(request: Request) -> PrefixCacheReport:
+    state = get_state(request)
+    rows = state.tenants.rows() if state.tenants is not None else []
+    return PrefixCacheReport(
+        shared_across_keys=state.settings.prefix_cache_shared_across_keys,
+        tenants=[TenantPrefixCache(**asdict(r), hit_ratio=round(r.hit_ratio, 6)) for r in rows],
+    )

@@ -78,6 +78,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
         operation="text_completion",
         user=body.user,
         constraint=spec,
+        cache_salt=body.cache_salt,
     )
 
     def base() -> dict[str, Any]:
@@ -135,7 +136,15 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         return await batched.chat(body, request, rid, route, ids, max_tokens, constraint)
     params = gen.sampling_params(body, max_tokens)
     sub = gen.submit(
-        request, route, rid, ids, params, operation="chat", user=body.user, constraint=constraint
+        request,
+        route,
+        rid,
+        ids,
+        params,
+        operation="chat",
+        user=body.user,
+        constraint=constraint,
+        cache_salt=body.cache_salt,
     )
 
     def base() -> dict[str, Any]:

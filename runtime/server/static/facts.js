@@ -38,6 +38,13 @@ function renderServed(box, server, alerts) {
     const limit = v.batch_size_limit === null ? "loading" : `batch limit ${v.batch_size_limit}`;
     const band = v.min_util === null ? "" : `, control band ${Math.round(v.min_util * 100)}–${Math.round(v.max_util * 100)}%`;
     make("span", "", item, ` ${share}, ${limit}${band}`);
+    if (v.kv_leaked_pages !== null && v.kv_leaked_pages !== undefined) {
+      // the idle self-check: every KV page free or cached, every allocator block owned
+      const leaks = v.kv_leaked_pages + v.allocator_orphan_blocks;
+      const text = leaks === 0 ? ", self-check clean"
+        : `, self-check: ${v.kv_leaked_pages} KV pages leaked, ${v.allocator_orphan_blocks} orphan blocks`;
+      make("span", leaks === 0 ? "" : "warn", item, text);
+    }
   }
   make("span", "fact", box, `device ${server.device}`);
   make("span", "fact", box, `up ${formatDuration(server.uptime_s)}`);

@@ -49,7 +49,7 @@ def test_generate_seeded_sampling_is_repeatable(demo_model_dir: Callable[[str], 
     ("argv_tail", "message"),
     [
         (["--model", "/nonexistent/model", "hi"], "does not exist"),
-        (["--model", "{model}", "--top-p", "2", "hi"], "top_p"),
+        (["--model", "{model}", "--top-p", "2", "hi"], "--top-p"),  # refused by the option type
         (["--model", "{model}", "--max-tokens", "4", "{long}"], "context"),
         (["--model", "{bad_config}", "hi"], "config.json"),
     ],

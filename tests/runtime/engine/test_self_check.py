@@ -1,0 +1,101 @@
+"""Issue 29, item 5: the idle self-check. After real requests an idle engine is clean (every page
+free or cached, no orphan block); a deliberately leaked page and an orphan block are caught, with
+their owners, in the log and in the two gauges."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from prometheus_client import CollectorRegistry
+
+from monitoring.self_check import SelfCheckCollector
+from runtime.engine.engine import Engine, EngineConfig
+from runtime.engine.request import GenerationRequest
+from runtime.engine.sampling import SamplingParams
+from runtime.engine.self_check import IdleSelfCheck
+from runtime.engine.stats import FanOut
+
+
+@pytest.fixture
+def engine(demo_model_dir: Callable[[str], Path]) -> Iterator[Engine]:
+    config = EngineConfig(model_path=demo_model_dir("llama"), model_name="tiny", device="cpu")
+    engine = Engine(config, FanOut())
+    engine.load()
+    engine.start()
+    yield engine
+    engine.shutdown(drain_timeout_s=5)
+
+
+def _wait_for_check(engine: Engine, after: int) -> None:
+    """Until the engine's own idle hook has run a check past `after` (bounded, not timed)."""
+    for _ in range(400):
+        result = engine.self_check_result()
+        if result is not None and result.num_checks > after:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the idle self-check never ran")
+
+
+def test_an_idle_engine_after_real_requests_is_clean(engine: Engine) -> None:
+    prompt = list(range(5, 60))  # several pages; the repeat is a prefix hit
+    for i in range(3):
+        handle = engine.submit(GenerationRequest(f"r{i}", prompt, SamplingParams(max_tokens=4)))
+        assert handle.result().completion_tokens == 4
+    _wait_for_check(engine, after=0)
+    result = engine.self_check_result()
+    assert result is not None and result.is_clean
+    assert engine.kv_cache_stats().num_cached_pages > 0  # cached pages are not leaks
+
+
+def test_a_leaked_page_and_an_orphan_block_are_caught_with_their_owners(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    check = engine.self_check
+    assert check is not None
+    ghost = check.kv.allocate("req-ghost", list(range(1, 40)))  # KV nobody will ever free
+    assert check.kv.ensure(ghost, 39)
+    orphan = check.allocator.alloc((256,), torch.float32, owner="debug-leak:req-gone")
+    caplog.set_level(logging.WARNING, logger="runtime.engine.self_check")
+    result = check.check(time.monotonic())
+    assert result.leaked_pages == len(ghost.page_ids) == 3  # 39 tokens, 16 a page
+    assert result.page_owners == ("req-ghost",)
+    assert result.orphan_blocks == 1 and result.orphan_owners == ("debug-leak:req-gone",)
+    # logged once per change (by this check or by the engine's own idle hook meanwhile)
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(
+        "3 KV pages held while idle (holders: req-ghost)" in line and "debug-leak:req-gone" in line
+        for line in lines
+    ), lines
+    registry = CollectorRegistry()
+    registry.register(SelfCheckCollector([("tiny", "stable", engine.self_check_result)]))
+    labels = {"model": "tiny", "version": "stable"}
+    assert registry.get_sample_value("fastllm_kv_leaked_pages", labels) == 3
+    assert registry.get_sample_value("fastllm_allocator_orphan_blocks", labels) == 1
+    # once they are given back, the next check is clean again
+    check.kv.free("req-ghost")
+    check.allocator.release(orphan)
+    assert check.check(time.monotonic()).is_clean
+
+
+def test_a_live_request_owns_its_blocks_and_the_check_waits_for_idle(engine: Engine) -> None:
+    check = engine.self_check
+    assert check is not None
+    block = check.allocator.alloc((64,), torch.float32, owner="debug-leak:req-live")
+    assert check.check(0.0, live_ids={"req-live"}).is_clean  # its owner still runs
+    fresh = IdleSelfCheck(check.kv, check.allocator, idle_s=1.0)
+    fresh.on_idle(10.0, num_steps=7, live_ids=())  # the idle period starts
+    fresh.on_idle(10.5, num_steps=7, live_ids=())  # not idle long enough
+    assert fresh.last is None
+    fresh.on_idle(11.2, num_steps=7, live_ids=())
+    assert fresh.last is not None and fresh.last.orphan_blocks == 1
+    fresh.on_idle(20.0, num_steps=7, live_ids=())  # once per idle period
+    assert fresh.last.num_checks == 1
+    fresh.on_idle(20.1, num_steps=8, live_ids=())  # it worked: a new period
+    fresh.on_idle(21.2, num_steps=8, live_ids=())
+    assert fresh.last.num_checks == 2
+    check.allocator.release(block)
