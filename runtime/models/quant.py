@@ -32,7 +32,6 @@ __all__ = [
     "Int4Linear",
     "Int8Linear",
     "QuantReport",
-    "quantize_linear",
 ]
 
 METHODS = ("int8", "int4", "fp8")
@@ -237,28 +236,6 @@ def _pack_nibbles(codes: Tensor) -> Tensor:
 def _unpack_nibbles(packed: Tensor, out_f: int, in_f: int) -> Tensor:
     both = torch.stack([packed & 0xF, packed >> 4], dim=-1).flatten()[: out_f * in_f]
     return both.to(torch.int32).view(out_f, in_f)
-
-
-def quantize_linear(
-    name: str, weight: Tensor, bias: Tensor | None, method: str, *, group_size: int = 32
-) -> tuple[nn.Module, QuantReport]:
-    """Quantize one [out, in] float weight; returns the layer and what quantization cost."""
-    layer: Int8Linear | Int4Linear
-    if method == "int8":
-        layer = Int8Linear.quantize(weight, bias)
-    elif method == "int4":
-        layer = Int4Linear.quantize(weight, bias, group_size)
-    elif method == "fp8":
-        from runtime.models.quant_fp8 import Fp8Linear  # CUDA only; refuses elsewhere
-
-        fp8, fp8_report = Fp8Linear.quantize(name, weight, bias)
-        return fp8, fp8_report
-    else:
-        raise ConfigError(
-            f"unknown quantization {method!r}; use one of {', '.join(METHODS)}",
-            param="quantization",
-        )
-    return layer, report(name, weight, layer)
 
 
 def report(name: str, weight: Tensor, layer: Int8Linear | Int4Linear) -> QuantReport:

@@ -28,9 +28,8 @@ from runtime.models.quant import (
     QuantReport,
     _pack_nibbles,
     _unpack_nibbles,
-    quantize_linear,
 )
-from runtime.models.quantize import PROJECTIONS, QuantizationSummary, method_for
+from runtime.models.quantize import PROJECTIONS, QuantizationSummary, method_for, quantize_linear
 from runtime.models.weights import weight_table
 
 META_METHOD = "fastllm.quantization"

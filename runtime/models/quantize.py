@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from runtime.errors import ConfigError
 from runtime.models.layers import Linear
-from runtime.models.quant import METHODS, QuantReport, quantize_linear
+from runtime.models.quant import METHODS, Int4Linear, Int8Linear, QuantReport, report
+from runtime.models.quant_fp8 import Fp8Linear
 
 PROJECTIONS = ("attn.qkv_proj", "attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
@@ -55,6 +56,25 @@ def check_method(method: str) -> None:
             f"unknown quantization {method!r}; use one of {', '.join(METHODS)} (or none)",
             param="quantization",
         )
+
+
+def quantize_linear(
+    name: str, weight: Tensor, bias: Tensor | None, method: str, *, group_size: int = 32
+) -> tuple[nn.Module, QuantReport]:
+    """Quantize one [out, in] float weight; returns the layer and what quantization cost."""
+    layer: Int8Linear | Int4Linear
+    if method == "int8":
+        layer = Int8Linear.quantize(weight, bias)
+    elif method == "int4":
+        layer = Int4Linear.quantize(weight, bias, group_size)
+    elif method == "fp8":
+        return Fp8Linear.quantize(name, weight, bias)  # CUDA >= 8.9 only; refuses elsewhere
+    else:
+        raise ConfigError(
+            f"unknown quantization {method!r}; use one of {', '.join(METHODS)}",
+            param="quantization",
+        )
+    return layer, report(name, weight, layer)
 
 
 def method_for(method: str, in_features: int, group_size: int) -> str:

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 
 from runtime.errors import ConfigError, ModelLoadError
 from runtime.models.loader import load_model
-from runtime.models.quant import Int4Linear, Int8Linear, quantize_linear
-from runtime.models.quantize import is_quantized, weight_bytes_by_format
+from runtime.models.quant import Int4Linear, Int8Linear
+from runtime.models.quantize import is_quantized, quantize_linear, weight_bytes_by_format
 from runtime.verify.reference import reference_forward
 
 KERNEL_REL_TOL = 1e-2

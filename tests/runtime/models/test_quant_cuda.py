@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime.models.quant import quantize_linear
+from runtime.models.quantize import quantize_linear
 
 pytestmark = pytest.mark.cuda
 
