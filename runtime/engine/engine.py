@@ -111,6 +111,7 @@ class Engine:
             parts.kv_cache,
             parts.allocator,
             label=f"{self.config.model_name}/{self.config.model_version}",
+            live_ids_of=lambda: parts.core.seqs.keys(),
         )
         parts.core.on_idle = self.self_check.on_idle
         return parts

@@ -9,16 +9,19 @@ When the engine has had no live sequence for `idle_s`, two invariants must hold:
 A breach is logged once per change with the owners, kept as `last` (the status page and the
 `fastllm_kv_leaked_pages` / `fastllm_allocator_orphan_blocks` gauges read it) and alerted on.
 Once per idle period: the check reads the whole leak report, so it never runs between steps of
-a busy engine. One caveat: engines sharing one allocator (replicas, a canary on the same device)
-each see the others' request blocks; the check then counts only blocks of owners shaped like
-this engine's request ids that no engine of the set holds (`live_ids` should be their union).
+a busy engine. Engines sharing one allocator (replicas, a canary or an embedding model on the
+same device) see each other's blocks: every check registered on the allocator says which
+requests its engine holds (`live_ids_of`), read before and after the report, so a block of any
+of them, and any KV pool's own rows, are owned. A request that starts and ends inside one check
+could still read as an orphan once (a line in the log; the gauge clears at the next check).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Collection
+import weakref
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -29,6 +32,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 POOL_PREFIX = "kv-cache:"  # the KV pool's own rows in the leak report
+# the checks of the engines that share one allocator, by id(allocator)
+_SHARING: dict[int, weakref.WeakSet[IdleSelfCheck]] = {}
 
 
 @dataclass(frozen=True)
@@ -45,17 +50,30 @@ class SelfCheckResult:
         return self.leaked_pages == 0 and self.orphan_blocks == 0
 
 
-@dataclass
+@dataclass(eq=False)  # identity semantics: checks are kept in a WeakSet per allocator
 class IdleSelfCheck:
     kv: KVCache
     allocator: Allocator
     idle_s: float = 1.0  # idle this long before a check
     label: str = ""  # model/version, for the log line
+    # the request ids this engine holds right now (read without its lock: a snapshot)
+    live_ids_of: Callable[[], Collection[str]] | None = None
     last: SelfCheckResult | None = None
     _idle_since: float | None = field(default=None, repr=False)
     _steps_seen: int = field(default=-1, repr=False)
     _checked_this_idle: bool = field(default=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        _SHARING.setdefault(id(self.allocator), weakref.WeakSet()).add(self)
+
+    def _live_everywhere(self) -> set[str]:
+        """Request ids live on any engine of this allocator (a snapshot of each)."""
+        ids: set[str] = set()
+        for check in list(_SHARING.get(id(self.allocator), ())):
+            if check.live_ids_of is not None:
+                ids.update(_snapshot(check.live_ids_of))
+        return ids
 
     def on_idle(self, now: float, num_steps: int, live_ids: Collection[str]) -> None:
         """Called by the engine loop while it has nothing to schedule (under its lock)."""
@@ -71,6 +89,9 @@ class IdleSelfCheck:
     def check(self, now: float, live_ids: Collection[str] = ()) -> SelfCheckResult:
         stats, rows = self.kv.stats(), self.kv.report()
         kv_rows = {r.owner for r in rows}
+        before = self._live_everywhere()
+        blocks = self.allocator.leak_report()
+        owned = set(live_ids) | before | self._live_everywhere()
         # a request's own pages are a row of its id; pages several hold are one `:shared` row
         holders = tuple(
             sorted(
@@ -81,8 +102,10 @@ class IdleSelfCheck:
         )
         orphans = [
             b.owner
-            for b in self.allocator.leak_report()
-            if b.owner not in kv_rows and _request_of(b.owner) not in live_ids
+            for b in blocks
+            if b.owner not in kv_rows
+            and not b.owner.startswith(POOL_PREFIX)  # a pool (this engine's or another's) rows
+            and _request_of(b.owner) not in owned
         ]
         leaked = 0 if live_ids else stats.num_used_pages
         with self._lock:
@@ -115,3 +138,13 @@ def _request_of(owner: str) -> str:
     if owner.startswith(POOL_PREFIX):
         return owner
     return owner.rsplit(":", 1)[-1]
+
+
+def _snapshot(read: Callable[[], Collection[str]]) -> list[str]:
+    """A copy of another thread's live ids; its dict may change while copied (then again)."""
+    for _ in range(3):
+        try:
+            return list(read())
+        except RuntimeError:  # "dictionary changed size during iteration"
+            continue
+    return []

@@ -99,3 +99,41 @@ def test_a_live_request_owns_its_blocks_and_the_check_waits_for_idle(engine: Eng
     fresh.on_idle(21.2, num_steps=8, live_ids=())
     assert fresh.last.num_checks == 2
     check.allocator.release(block)
+
+
+def test_engines_sharing_an_allocator_own_each_others_blocks(
+    demo_model_dir: Callable[[str], Path],
+) -> None:
+    """A canary or an embedding model on the same device shares the allocator: one engine's idle
+    check sees the other's KV pool rows and its running requests' pages, none an orphan."""
+    from runtime.memory import Allocator
+
+    allocator = Allocator(device="cpu")
+    engines = [
+        Engine(
+            EngineConfig(model_path=demo_model_dir("llama"), model_name=name, device="cpu"),
+            FanOut(),
+            allocator=allocator,
+        )
+        for name in ("idle", "busy")
+    ]
+    idle, busy = engines
+    try:
+        for engine in engines:
+            engine.load()
+            engine.start()
+        params = SamplingParams(max_tokens=1900, ignore_eos=True)
+        handle = busy.submit(GenerationRequest("req-busy", list(range(5, 60)), params))
+        for _ in range(400):  # until its pages exist (bounded, not timed)
+            if "req-busy" in {r.owner for r in busy.self_check.kv.report()}:  # type: ignore[union-attr]
+                break
+            time.sleep(0.05)
+        owners = {b.owner for b in allocator.leak_report()}
+        assert "req-busy" in owners and any(o.startswith("kv-cache:busy/") for o in owners)
+        assert idle.self_check is not None
+        result = idle.self_check.check(time.monotonic())
+        assert result.is_clean, result
+        handle.cancel()
+    finally:
+        for engine in engines:
+            engine.shutdown(drain_timeout_s=5)
