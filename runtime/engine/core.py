@@ -23,6 +23,7 @@ import torch
 
 from runtime.engine.batching.controller import AdaptiveBatchController, BusyTracker
 from runtime.engine.config import EngineConfig
+from runtime.engine.logprobs import attach_logprobs
 from runtime.engine.model_runner import ModelRunner
 from runtime.engine.reasons import FailureReason, FinishReason
 from runtime.engine.request import TokenOutput
@@ -273,6 +274,7 @@ class EngineCore:
                 completion_tokens=len(seq.output_token_ids),
                 cached_tokens=seq.stats.cached_tokens,
             )
+            attach_logprobs(seq, output)
             if reason is None:
                 seq.handle.push(output)
             else:

@@ -32,6 +32,7 @@ from runtime.engine.build import EngineParts, build_parts, default_loader
 from runtime.engine.config import EngineConfig
 from runtime.engine.embed import EmbeddingResult, embed_texts
 from runtime.engine.load_once import CallOnce
+from runtime.engine.logits.params import check_token_ids
 from runtime.engine.reasons import FailureReason, FinishReason
 from runtime.engine.request import (
     GenerationRequest,
@@ -149,6 +150,7 @@ class Engine:
             context=loaded.args.max_position_embeddings,
             max_tokens=params.max_tokens,
         )
+        check_token_ids(params, loaded.args.vocab_size)
         capacity = len(ids) + params.max_tokens
         kv_tokens = parts.kv_cache.max_tokens
         if not parts.kv_cache_fits(len(ids)):  # it could never be scheduled: refuse, not queue
@@ -180,6 +182,7 @@ class Engine:
             max_tokens=params.max_tokens,
             operation=request.operation,
             traceparent=request.traceparent,
+            logprobs=params.logprobs is not None or params.prompt_logprobs is not None,
         )
         return ValidatedRequest(request, ids, stats, deadline=time.monotonic() + timeout_s)
 

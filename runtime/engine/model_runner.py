@@ -15,8 +15,11 @@ from typing import cast
 
 import torch
 
+from runtime.engine.logits import needs_processing, process_logits
+from runtime.engine.logprobs import prompt_logprobs, sampled_logprobs
 from runtime.engine.sampling import sample
 from runtime.engine.scheduler import SchedulerOutput
+from runtime.engine.sequence import Sequence
 from runtime.memory.kv_cache import KVCache
 from runtime.models.base import CausalLM, SeqSlice
 from runtime.models.fast.build import FastPath
@@ -60,6 +63,9 @@ class ModelRunner:
             if self.kv_cache is not None:
                 self.kv_cache.cache_full_pages(piece.kv, item.seq.token_slice)
 
+        for item, piece in zip(batch.items, slices, strict=True):
+            if item.seq.needs_prompt_logits:  # echo + logprobs: this chunk's prompt positions
+                self._prompt_logprobs(item.seq, hidden[piece.start : piece.end])
         sampling_idx = [i for i, item in enumerate(batch.items) if item.samples]
         sampled: list[int | None] = [None] * len(batch.items)
         if not sampling_idx:
@@ -67,9 +73,32 @@ class ModelRunner:
         rows = torch.tensor([slices[i].end - 1 for i in sampling_idx], device=self.device)
         logits = self.model.compute_logits(hidden.index_select(0, rows))  # [N, vocab] float32
         seqs = [batch.items[i].seq for i in sampling_idx]
+        pending = sampled_logprobs(logits, seqs)  # before the controls change the logits
+        raw: dict[int, torch.Tensor] = {}  # verified rows' logits before the controls
+        if any(needs_processing(s) for s in seqs):
+            raw = {j: logits[j].clone() for j, s in enumerate(seqs) if s.is_verified}
+            process_logits(logits, seqs)
         token_ids = sample(logits, [s.request.sampling for s in seqs], [s.generator for s in seqs])
+        if pending is not None:
+            pending.finish(token_ids, seqs)
         for j, (i, token_id) in enumerate(zip(sampling_idx, token_ids.tolist(), strict=True)):
             sampled[i] = int(token_id)
             if seqs[j].is_verified:  # runtime.verify.verifier compares it with the reference path
-                seqs[j].chosen_logit = float(logits[j, token_id])
+                seqs[j].chosen_logit = float(raw.get(j, logits[j])[token_id])
         return sampled
+
+    def _prompt_logprobs(self, seq: Sequence, hidden: torch.Tensor) -> None:
+        """Logprobs of the prompt tokens this chunk's positions predict (position p predicts
+        prompt[p + 1]; the last prompt position predicts the first sampled token instead)."""
+        prompt = seq.prompt_token_ids
+        if seq.prompt_logprobs is None:
+            seq.prompt_logprobs = [None] * len(prompt)
+        start = seq.num_computed_tokens  # the chunk's first position (not advanced yet)
+        end = min(start + hidden.shape[0], len(prompt) - 1)
+        if end <= start:
+            return
+        k = seq.request.sampling.prompt_logprobs or 0
+        entries = prompt_logprobs(
+            self.model.compute_logits, hidden[: end - start], prompt[start + 1 : end + 1], k
+        )
+        seq.prompt_logprobs[start + 1 : end + 1] = entries

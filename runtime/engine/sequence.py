@@ -23,6 +23,7 @@ from runtime.engine.stats import RequestEvent, RequestStats
 if TYPE_CHECKING:
     import torch
 
+    from runtime.engine.logprobs import TokenLogprob
     from runtime.engine.stopping import StopChecker
     from runtime.memory.kv_cache import SequenceKV
 
@@ -52,6 +53,23 @@ class Sequence:
     # each token it samples for this request (the last one is the final step's)
     is_verified: bool = False
     chosen_logit: float | None = None
+    # runtime.engine.logprobs: what the runner computed for the rows that asked (attach_logprobs
+    # moves it onto the next output); the prompt's list has None for position 0
+    step_logprob: TokenLogprob | None = None
+    cumulative_logprob: float = 0.0  # of the sampled tokens (only summed when asked)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    prompt_logprobs_sent: bool = False
+
+    @property
+    def needs_prompt_logits(self) -> bool:
+        """Prompt logprobs asked and not yet sent: every prompt position must be computed."""
+        return self.request.sampling.prompt_logprobs is not None and not self.prompt_logprobs_sent
+
+    @property
+    def cache_lookup_ids(self) -> list[int]:
+        """What the prefix cache may serve: nothing while the prompt's logits are needed (a
+        cached page has K/V but no logits), the whole sequence otherwise."""
+        return [] if self.needs_prompt_logits else self.token_ids
 
     @property
     def request_id(self) -> str:
