@@ -119,7 +119,7 @@ def hf_generate(model_dir: Path, prompt: list[int], n: int, **processors: Any) -
     ids = torch.tensor([prompt])
     with torch.inference_mode():
         for _ in range(n):
-            scores = chain(ids, model(ids).logits[:, -1].float())
+            scores = chain(ids, model(ids).logits[:, -1].float())  # type: ignore[arg-type]
             ids = torch.cat([ids, scores.argmax(-1).view(1, 1)], dim=1)
             if int(ids[0, -1]) == processors.get("eos_token_id"):
                 break

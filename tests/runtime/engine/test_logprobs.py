@@ -87,9 +87,9 @@ def test_sampled_and_prompt_logprobs_match_transformers(
         assert out.prompt_logprobs is not None and len(out.prompt_logprobs) == len(prompt)
         assert out.prompt_logprobs[0] is None
         for p in range(1, len(prompt)):
-            entry = out.prompt_logprobs[p]
-            assert entry is not None
-            assert_entry(entry, expected[p - 1], prompt[p], K)
+            prompt_entry = out.prompt_logprobs[p]
+            assert prompt_entry is not None
+            assert_entry(prompt_entry, expected[p - 1], prompt[p], K)
         assert out.cumulative_logprob is not None
         assert abs(out.cumulative_logprob - sum(e.logprob for e in out.logprobs)) < 1e-5
 
