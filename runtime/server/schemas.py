@@ -2,7 +2,7 @@
 
 Requests are strict (`"5"` is not an integer) and ignore unknown fields, as OpenAI-compatible
 servers do, so clients that send extra parameters keep working; OpenAI's own fields that this
-server does not implement (logprobs, tools, response_format, ...) are refused unless sent with
+server does not implement (tools, response_format, ...) are refused unless sent with
 their neutral value (runtime.server.unsupported). These models are also what /openapi.json
 documents, so schemathesis generates cases from exactly these rules.
 """
@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from runtime.engine.logits.params import MAX_LOGPROBS
+from runtime.server.logprobs import ChatLogprobs, CompletionLogprobs
 from runtime.server.unsupported import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
@@ -22,6 +24,7 @@ from runtime.server.unsupported import (
 
 # Bounds a client may send; the engine and the model's context bound them further (as 400s).
 MAX_STOP = 4
+MAX_STOP_TOKEN_IDS = 64
 # seeds within the doubles' exact integers, so every JSON encoder round-trips them exactly
 SEED_MIN, SEED_MAX = -(2**53 - 1), 2**53 - 1
 
@@ -35,6 +38,8 @@ def _integral(value: Any) -> Any:
 
 # bounds sit inside the Annotated so /openapi.json shows them as minimum / maximum
 PositiveInt = Annotated[int, Field(ge=1), BeforeValidator(_integral)]
+NonNegativeInt = Annotated[int, Field(ge=0), BeforeValidator(_integral)]
+TopLogprobs = Annotated[int, Field(ge=0, le=MAX_LOGPROBS), BeforeValidator(_integral)]
 OnlyOne = Annotated[int, Field(ge=1, le=1), BeforeValidator(_integral)]
 Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX), BeforeValidator(_integral)]
 TokenId = Annotated[int, Field(ge=0, le=2**31 - 1), BeforeValidator(_integral)]
@@ -62,6 +67,16 @@ class _Sampling(_Request):
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, max_length=256)
     ignore_eos: bool = Field(False, description="extension (as vLLM): run to max_tokens")
+    # sampling controls (runtime.engine.logits; runtime.server.controls maps them)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=2.0, description="extension (as vLLM)")
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = Field(
+        None, description="token id (as a string) -> bias added to its logit"
+    )
+    min_tokens: NonNegativeInt = Field(0, description="extension (as vLLM): eos held off")
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
+    return_tokens_as_token_ids: bool = Field(False, description="extension (as vLLM)")
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
@@ -79,6 +94,9 @@ class CompletionRequest(_Sampling):
     @classmethod
     def _refuse_unsupported(cls, data: Any) -> Any:
         return refuse_unsupported(data, COMPLETION_FIELDS)
+
+    logprobs: TopLogprobs | None = Field(None, description="alternatives per token (0-20)")
+    echo: bool = Field(False, description="the prompt before the completion (and its logprobs)")
 
     # a string, token ids, or a one-element batch of either (n=1, one prompt per request)
     prompt: (
@@ -109,6 +127,8 @@ class ChatCompletionRequest(_Sampling):
 
     messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
     max_completion_tokens: PositiveInt | None = Field(None, description="alias of max_tokens")
+    logprobs: bool = False
+    top_logprobs: TopLogprobs | None = Field(None, description="with logprobs: alternatives")
 
 
 class EmbeddingRequest(_Request):
@@ -145,7 +165,7 @@ class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: Literal["stop", "length"] | None = None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -167,7 +187,7 @@ class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: Literal["stop", "length"] | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionResponse(BaseModel):

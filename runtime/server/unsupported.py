@@ -1,5 +1,5 @@
 """OpenAI request fields this server does not implement are refused, never silently ignored: a
-client asking for logprobs, tools or JSON mode must learn it does not get them. A field sent with
+client asking for tools or JSON mode must learn it does not get them. A field sent with
 its neutral value (`echo: false`, `tools: []`, `response_format: {"type": "text"}`, ...) asks for
 nothing and passes; any other value is a 400 naming the field. Fields that are not OpenAI's
 stay ignored, as in other OpenAI-compatible servers.
@@ -16,27 +16,15 @@ from pydantic_core import PydanticCustomError
 UNSUPPORTED = "unsupported_field"  # the pydantic error type (runtime.server.errors reads it)
 
 _NONE: tuple[Any, ...] = (None,)
-_OFF: tuple[Any, ...] = (None, False, 0)
 _EMPTY: tuple[Any, ...] = (None, [], {})
-_ZERO: tuple[Any, ...] = (None, 0)
 
-# field -> the values that ask for nothing (compared with ==)
-_SAMPLING: dict[str, tuple[Any, ...]] = {
-    "logit_bias": _EMPTY,
-    "presence_penalty": _ZERO,
-    "frequency_penalty": _ZERO,
-}
+# field -> the values that ask for nothing (compared with ==); logprobs, echo, logit_bias and the
+# penalties are implemented (runtime.engine.logits, runtime.engine.logprobs)
 COMPLETION_FIELDS: dict[str, tuple[Any, ...]] = {
-    **_SAMPLING,
-    "logprobs": _NONE,  # an int: even 0 asks for the sampled token's logprob
-    "echo": _OFF,
     "best_of": (None, 1),
     "suffix": (None, ""),
 }
 CHAT_FIELDS: dict[str, tuple[Any, ...]] = {
-    **_SAMPLING,
-    "logprobs": _OFF,
-    "top_logprobs": _ZERO,
     "tools": _EMPTY,
     "tool_choice": (None, "none"),
     "functions": _EMPTY,

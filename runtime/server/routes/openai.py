@@ -10,9 +10,17 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from runtime.engine.request import TokenOutput
 from runtime.errors import InvalidRequestError
 from runtime.server import generate as gen
+from runtime.server.controls import chat_logprob_fields, completion_logprob_fields
 from runtime.server.errors import ERROR_RESPONSES
+from runtime.server.logprobs import (
+    TokenTexts,
+    chat_logprobs,
+    completion_shaper,
+    sampled_positions,
+)
 from runtime.server.schemas import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -58,8 +66,9 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
     max_tokens = body.max_tokens or gen.default_max_tokens(
         route.engine, len(ids), COMPLETION_DEFAULT_MAX_TOKENS
     )
-    params = gen.sampling_params(body, max_tokens)
+    params = gen.sampling_params(body, max_tokens, **completion_logprob_fields(body))
     sub = gen.submit(request, route, rid, ids, params, operation="text_completion", user=body.user)
+    shaper = completion_shaper(route.engine.tokenizer, prompt, ids, body)
 
     def base() -> dict[str, Any]:
         return {
@@ -78,13 +87,25 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
             ]
             return payload
 
+        def rich(outputs: list[TokenOutput], text: str, finish_reason: str | None) -> Any:
+            payload = base()
+            text, logprobs = shaper.shape(outputs, text)
+            payload["choices"] = [
+                {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": logprobs}
+            ]
+            return payload
+
         usage = gen.usage_chunk_builder(base) if body.include_usage else None
-        events = token_events(sub.handle, sub.cancel, chunk, usage=usage)
+        plain = not body.echo and body.logprobs is None
+        events = token_events(
+            sub.handle, sub.cancel, chunk, usage=usage, rich=None if plain else rich
+        )
         return EventStream(events, on_close=sub.cancel)
     out = await gen.join(request, sub)
     payload = base()
+    text, logprobs = shaper.shape([out], out.text)
     payload["choices"] = [
-        {"index": 0, "text": out.text, "finish_reason": out.finished_reason, "logprobs": None}
+        {"index": 0, "text": text, "finish_reason": out.finished_reason, "logprobs": logprobs}
     ]
     payload["usage"] = gen.usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
     return payload
@@ -106,8 +127,9 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         or body.max_tokens
         or gen.default_max_tokens(route.engine, len(ids), CHAT_DEFAULT_MAX_TOKENS)
     )
-    params = gen.sampling_params(body, max_tokens)
+    params = gen.sampling_params(body, max_tokens, **chat_logprob_fields(body))
     sub = gen.submit(request, route, rid, ids, params, operation="chat", user=body.user)
+    texts = TokenTexts(tokenizer, body.return_tokens_as_token_ids)
 
     def base() -> dict[str, Any]:
         return {
@@ -136,8 +158,22 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
                 "logprobs": None,
             }
         ]
+
+        def rich(outputs: list[TokenOutput], text: str, finish_reason: str | None) -> Any:
+            payload = chunk(text, finish_reason)
+            logprobs = chat_logprobs(texts, sampled_positions(outputs))
+            payload["choices"][0]["logprobs"] = logprobs
+            return payload
+
         usage = gen.usage_chunk_builder(base) if body.include_usage else None
-        events = token_events(sub.handle, sub.cancel, chunk, first=first, usage=usage)
+        events = token_events(
+            sub.handle,
+            sub.cancel,
+            chunk,
+            first=first,
+            usage=usage,
+            rich=rich if body.logprobs else None,
+        )
         return EventStream(events, on_close=sub.cancel)
     out = await gen.join(request, sub)
     payload = base()
@@ -147,7 +183,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
             "index": 0,
             "message": {"role": "assistant", "content": out.text},
             "finish_reason": out.finished_reason,
-            "logprobs": None,
+            "logprobs": chat_logprobs(texts, sampled_positions([out])) if body.logprobs else None,
         }
     ]
     payload["usage"] = gen.usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)

@@ -138,12 +138,7 @@ def test_deep_json_is_a_counted_400_with_its_row(app: InProcess) -> None:
 @pytest.mark.parametrize(
     ("path", "base", "field", "value"),
     [
-        ("/v1/completions", COMPLETION, "logprobs", 1),
-        ("/v1/completions", COMPLETION, "echo", True),
         ("/v1/completions", COMPLETION, "best_of", 2),
-        ("/v1/completions", COMPLETION, "logit_bias", {"5": 10}),
-        ("/v1/chat/completions", CHAT, "logprobs", True),
-        ("/v1/chat/completions", CHAT, "top_logprobs", 3),
         ("/v1/chat/completions", CHAT, "tools", [{"type": "function", "function": {"name": "f"}}]),
         ("/v1/chat/completions", CHAT, "response_format", {"type": "json_object"}),
         ("/v1/embeddings", EMBEDDING, "dimensions", 8),
