@@ -7,8 +7,8 @@ does, so k = 0 still names it); two tokens with the same text share a key (the l
 limit). `text_offset` counts characters from the start of the choice's `text`, token by token.
 Chat: `{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}`.
 A token's text is its own decoding (special tokens included), or `token_id:<id>` with
-`return_tokens_as_token_ids` (vLLM's extension: exact even where decodings collide); logprobs below -9999 are sent as
--9999 (JSON has no -Infinity; vLLM clamps the same way).
+`return_tokens_as_token_ids` (vLLM's extension: exact even where decodings collide); logprobs
+below -9999 are sent as -9999 (JSON has no -Infinity; vLLM clamps the same way).
 """
 
 from __future__ import annotations
