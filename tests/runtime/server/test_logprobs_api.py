@@ -187,7 +187,7 @@ def test_streamed_logprobs_equal_the_whole_response(client: openai.OpenAI) -> No
     assert values == whole.choices[0].logprobs.token_logprobs
     messages: Any = [{"role": "user", "content": "Stream me"}]
     chat_whole = client.chat.completions.create(messages=messages, logprobs=True, **kwargs)
-    streamed = []
+    streamed: list[Any] = []
     for chat_chunk in client.chat.completions.create(
         messages=messages, logprobs=True, stream=True, **kwargs
     ):
