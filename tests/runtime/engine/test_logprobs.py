@@ -4,6 +4,7 @@ chunked prefill and with the prompt already in the prefix cache), and the cumula
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from runtime.engine.logprobs import TokenLogprob
 from runtime.engine.request import GenerationRequest, TokenOutput
 from runtime.engine.sampling import SamplingParams
 from runtime.errors import InvalidRequestError
-from tests.runtime.engine.support import engine_config, random_prompts
+from tests.runtime.engine.support import RecordingSink, engine_config, random_prompts
 
 TOL = 1e-4
 K = 5
@@ -34,9 +35,14 @@ def hf_model(model_dir: Path) -> torch.nn.Module:
 
 
 @pytest.fixture(scope="module")
-def engine(model_dir: Path) -> Iterator[Engine]:
+def sink() -> RecordingSink:
+    return RecordingSink()
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir: Path, sink: RecordingSink) -> Iterator[Engine]:
     # a small token budget: the 40-token prompts below are prefilled in chunks of 16
-    eng = Engine(engine_config(model_path=model_dir, max_num_batched_tokens=16))
+    eng = Engine(engine_config(model_path=model_dir, max_num_batched_tokens=16), sink=sink)
     yield eng
     eng.shutdown()
 
@@ -112,7 +118,7 @@ def test_prompt_logprobs_do_not_read_the_prefix_cache(
         assert abs(entry.logprob - float(expected[p - 1, prompt[p]])) < TOL
 
 
-def test_rows_that_ask_nothing_get_nothing(engine: Engine) -> None:
+def test_rows_that_ask_nothing_get_nothing(engine: Engine, sink: RecordingSink) -> None:
     prompt = random_prompts(1, 5, 5, engine.loaded.args.vocab_size, seed=4)[0]
     out = run(engine, prompt, SamplingParams(max_tokens=3, temperature=0.0), "plain")
     assert out.logprobs is None and out.prompt_logprobs is None
@@ -122,6 +128,15 @@ def test_rows_that_ask_nothing_get_nothing(engine: Engine) -> None:
     ranked = run(engine, prompt, params, "cumulative")
     assert ranked.logprobs is None and ranked.cumulative_logprob is not None
     assert ranked.cumulative_logprob < 0
+    asked = run(engine, prompt, SamplingParams(max_tokens=1, logprobs=0), "asked")
+    assert asked.logprobs is not None and asked.logprobs[0].top == ()
+    deadline = time.monotonic() + 30  # records reach the sink one loop turn after the output
+    while "asked" not in sink.by_id() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    records = sink.by_id()
+    # inference_log.logprobs: what the client asked for (cumulative alone is internal)
+    assert [records[r].logprobs for r in ("plain", "cumulative", "asked")] == [False, False, True]
+    assert all(records[r].logprobs for r in records if r.startswith(("lp-", "score")))
 
 
 @pytest.mark.parametrize(
