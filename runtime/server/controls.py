@@ -13,7 +13,12 @@ from runtime.errors import InvalidRequestError
 if TYPE_CHECKING:
     from runtime.server.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 
-__all__ = ["chat_logprob_fields", "completion_logprob_fields", "control_fields"]
+__all__ = [
+    "chat_logprob_fields",
+    "completion_logprob_fields",
+    "control_fields",
+    "scored_max_tokens",
+]
 
 
 def _logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
@@ -51,3 +56,18 @@ def chat_logprob_fields(body: ChatCompletionRequest) -> dict[str, Any]:
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequestError("top_logprobs needs logprobs: true", param="top_logprobs")
     return {"logprobs": (body.top_logprobs or 0) if body.logprobs else None}
+
+
+def scored_max_tokens(body: CompletionRequest) -> int | None:
+    """The engine's max_tokens for a completion (None: the route's default). `max_tokens: 0`
+    with `echo` scores the prompt: the engine samples one token (the prompt's logprobs come with
+    it) and the response leaves it out (runtime.server.logprobs.CompletionShaper.drop_sampled),
+    as vLLM does."""
+    if body.max_tokens != 0:
+        return body.max_tokens
+    if not body.echo:
+        raise InvalidRequestError(
+            "max_tokens must be at least 1 (0 only with echo: the prompt scored)",
+            param="max_tokens",
+        )
+    return 1

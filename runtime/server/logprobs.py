@@ -154,6 +154,7 @@ class CompletionShaper:
     prompt_ids: list[int]
     echo_text: str | None  # the prompt's text when echo is on
     with_logprobs: bool
+    drop_sampled: bool = False  # max_tokens 0 with echo: the prompt only
     started: bool = False
 
     def __post_init__(self) -> None:
@@ -161,6 +162,8 @@ class CompletionShaper:
 
     def shape(self, outputs: Sequence[TokenOutput], text: str) -> tuple[str, dict[str, Any] | None]:
         positions: list[Position] = []
+        if self.drop_sampled:
+            text = ""
         if not self.started:
             self.started = True
             if self.echo_text is not None:
@@ -169,7 +172,8 @@ class CompletionShaper:
                     positions = prompt_positions(self.prompt_ids, outputs[0])
         if not self.with_logprobs:
             return text, None
-        positions += sampled_positions(outputs)
+        if not self.drop_sampled:
+            positions += sampled_positions(outputs)
         return text, self.builder.build(positions)
 
 
@@ -180,4 +184,5 @@ def completion_shaper(
     if body.echo:  # the prompt as sent; token ids as their decoding
         echo_text = prompt if isinstance(prompt, str) else tokenizer.decode(prompt_ids)
     texts = TokenTexts(tokenizer, body.return_tokens_as_token_ids)
-    return CompletionShaper(texts, prompt_ids, echo_text, body.logprobs is not None)
+    with_logprobs = body.logprobs is not None
+    return CompletionShaper(texts, prompt_ids, echo_text, with_logprobs, body.max_tokens == 0)

@@ -95,6 +95,9 @@ class CompletionRequest(_Sampling):
     def _refuse_unsupported(cls, data: Any) -> Any:
         return refuse_unsupported(data, COMPLETION_FIELDS)
 
+    max_tokens: NonNegativeInt | None = Field(
+        None, description="default 16; 0 only with echo (score the prompt, generate nothing)"
+    )
     logprobs: TopLogprobs | None = Field(None, description="alternatives per token (0-20)")
     echo: bool = Field(False, description="the prompt before the completion (and its logprobs)")
 

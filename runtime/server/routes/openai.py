@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import struct
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -13,7 +14,11 @@ from fastapi.responses import Response
 from runtime.engine.request import TokenOutput
 from runtime.errors import InvalidRequestError
 from runtime.server import generate as gen
-from runtime.server.controls import chat_logprob_fields, completion_logprob_fields
+from runtime.server.controls import (
+    chat_logprob_fields,
+    completion_logprob_fields,
+    scored_max_tokens,
+)
 from runtime.server.errors import ERROR_RESPONSES
 from runtime.server.logprobs import (
     TokenTexts,
@@ -63,7 +68,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
     route = get_state(request).router.pick(body.model, user=body.user)
     prompt = body.single_prompt
     ids = route.engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-    max_tokens = body.max_tokens or gen.default_max_tokens(
+    max_tokens = scored_max_tokens(body) or gen.default_max_tokens(
         route.engine, len(ids), COMPLETION_DEFAULT_MAX_TOKENS
     )
     params = gen.sampling_params(body, max_tokens, **completion_logprob_fields(body))
@@ -96,6 +101,8 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
             return payload
 
         usage = gen.usage_chunk_builder(base) if body.include_usage else None
+        if usage is not None and shaper.drop_sampled:  # max_tokens 0: nothing is returned
+            usage = _without_completion(usage)
         plain = not body.echo and body.logprobs is None
         events = token_events(
             sub.handle, sub.cancel, chunk, usage=usage, rich=None if plain else rich
@@ -107,7 +114,8 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
     payload["choices"] = [
         {"index": 0, "text": text, "finish_reason": out.finished_reason, "logprobs": logprobs}
     ]
-    payload["usage"] = gen.usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
+    completion_tokens = 0 if shaper.drop_sampled else out.completion_tokens
+    payload["usage"] = gen.usage(out.prompt_tokens, completion_tokens, out.cached_tokens)
     return payload
 
 
@@ -222,3 +230,9 @@ async def list_models(request: Request) -> Response | ModelList:
     state = get_state(request)
     cards = [ModelCard(id=name, created=state.created) for name in state.router.model_names]
     return ModelList(data=cards)
+
+
+def _without_completion(
+    build: Callable[[int, int, int], dict[str, Any]],
+) -> Callable[[int, int, int], dict[str, Any]]:
+    return lambda prompt, _completion, cached: build(prompt, 0, cached)

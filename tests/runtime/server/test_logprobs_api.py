@@ -258,3 +258,31 @@ def test_bad_values_are_typed_400s(
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param, json.dumps(error)
+
+
+def test_max_tokens_zero_with_echo_scores_the_prompt(
+    client: openai.OpenAI, served: LiveServer, hf_model: torch.nn.Module
+) -> None:
+    ids = tokenizer_of(served).encode("Score this prompt only")
+    kwargs: dict[str, Any] = {"model": "llama", "prompt": ids, "max_tokens": 0, "echo": True}
+    result = client.completions.create(
+        logprobs=2, extra_body={"return_tokens_as_token_ids": True}, **kwargs
+    )
+    choice = result.choices[0]
+    assert choice.text == tokenizer_of(served).decode(ids)
+    assert choice.logprobs is not None and choice.logprobs.tokens is not None
+    assert [as_id(t) for t in choice.logprobs.tokens] == ids
+    expected = hf_logprobs(hf_model, ids)
+    values = choice.logprobs.token_logprobs or []
+    assert values[0] is None
+    for p in range(1, len(ids)):
+        value = values[p]
+        assert value is not None and abs(value - float(expected[p - 1, ids[p]])) < TOL
+    assert result.usage is not None and result.usage.completion_tokens == 0
+    streamed = "".join(
+        c.choices[0].text for c in client.completions.create(stream=True, **kwargs) if c.choices
+    )
+    assert streamed == choice.text
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="llama", prompt=ids, max_tokens=0)
+    assert "max_tokens" in str(info.value)
