@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    model_validator,
+)
 
 from runtime.engine.logits.params import MAX_LOGPROBS
 from runtime.server.logprobs import ChatLogprobs, CompletionLogprobs
@@ -45,6 +52,18 @@ Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX), BeforeValidator(_integral
 TokenId = Annotated[int, Field(ge=0, le=2**31 - 1), BeforeValidator(_integral)]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 NonEmptyStr = Annotated[str, Field(min_length=1)]
+# logit_bias: token ids as JSON object keys; the schema states that no other key is allowed
+_TOKEN_KEY = r"^[0-9]{1,10}$"
+LogitBias = Annotated[
+    dict[Annotated[str, Field(pattern=_TOKEN_KEY)], Annotated[float, Field(ge=-100.0, le=100.0)]],
+    WithJsonSchema(
+        {
+            "type": "object",
+            "propertyNames": {"pattern": _TOKEN_KEY},
+            "additionalProperties": {"type": "number", "minimum": -100.0, "maximum": 100.0},
+        }
+    ),
+]
 
 
 class _Request(BaseModel):
@@ -70,8 +89,8 @@ class _Sampling(_Request):
     # sampling controls (runtime.engine.logits; runtime.server.controls maps them)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float = Field(1.0, gt=0.0, le=2.0, description="extension (as vLLM)")
-    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = Field(
+    repetition_penalty: float = Field(1.0, ge=0.01, le=2.0, description="extension (as vLLM)")
+    logit_bias: LogitBias | None = Field(
         None, description="token id (as a string) -> bias added to its logit"
     )
     min_tokens: NonNegativeInt = Field(0, description="extension (as vLLM): eos held off")

@@ -38,7 +38,8 @@ def validate_logits_params(p: SamplingParams) -> None:
     _check_logprobs(p.prompt_logprobs, "prompt_logprobs")
     _check_range(p.presence_penalty, -2.0, 2.0, "presence_penalty")
     _check_range(p.frequency_penalty, -2.0, 2.0, "frequency_penalty")
-    _check_range(p.repetition_penalty, 1e-6, 2.0, "repetition_penalty")  # vLLM: (0, 2]
+    # vLLM takes (0, 2]; a tiny divisor would push logits to inf (nan probabilities)
+    _check_range(p.repetition_penalty, 0.01, 2.0, "repetition_penalty")
     if len(p.logit_bias) > MAX_BIASED_TOKENS:
         raise InvalidRequestError(
             f"logit_bias holds at most {MAX_BIASED_TOKENS} tokens", param="logit_bias"
