@@ -164,3 +164,43 @@ def test_logit_bias_token_beyond_the_vocabulary(engine: Engine) -> None:
     with pytest.raises(InvalidRequestError) as info:
         engine.submit(GenerationRequest("big-bias", [5, 6], params))
     assert info.value.param == "logit_bias"
+
+
+def test_prompt_logprobs_survive_preemption(model_dir: Path, hf_model: torch.nn.Module) -> None:
+    """A page budget too small for the batch: sequences are preempted mid-prompt and mid-output
+    and recompute; every logprob still equals transformers' (none doubled or lost)."""
+    from tests.runtime.engine.test_paged_parity import TINY_PAGE_BYTES
+
+    if "gemma" in str(model_dir):
+        pytest.skip("the page size constant is the tiny llama's")
+    config = engine_config(
+        model_path=model_dir,
+        max_num_batched_tokens=16,
+        kv_cache_bytes=11 * TINY_PAGE_BYTES,
+        initial_num_seqs=8,
+        min_num_seqs=8,
+    )
+    engine = Engine(config)
+    prompts = random_prompts(8, 30, 60, engine.loaded.args.vocab_size, seed=9)
+    params = SamplingParams(
+        max_tokens=24, temperature=0.0, ignore_eos=True, logprobs=1, prompt_logprobs=1
+    )
+    try:
+        handles = [
+            engine.submit(GenerationRequest(f"pre-{i}", p, params)) for i, p in enumerate(prompts)
+        ]
+        outs = [h.result(timeout=300) for h in handles]
+        assert engine.kv_cache_stats().num_preemptions > 0
+    finally:
+        engine.shutdown()
+    for prompt, out in zip(prompts, outs, strict=True):
+        expected = hf_logprobs(hf_model, prompt + out.token_ids)
+        assert out.prompt_logprobs is not None and out.logprobs is not None
+        assert len(out.logprobs) == 24
+        for p in range(1, len(prompt)):
+            entry = out.prompt_logprobs[p]
+            assert entry is not None
+            assert abs(entry.logprob - float(expected[p - 1, prompt[p]])) < TOL
+        for j, sampled in enumerate(out.logprobs):
+            want = float(expected[len(prompt) - 1 + j, out.token_ids[j]])
+            assert abs(sampled.logprob - want) < TOL
