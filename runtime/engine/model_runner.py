@@ -73,12 +73,15 @@ class ModelRunner:
         rows = torch.tensor([slices[i].end - 1 for i in sampling_idx], device=self.device)
         logits = self.model.compute_logits(hidden.index_select(0, rows))  # [N, vocab] float32
         seqs = [batch.items[i].seq for i in sampling_idx]
-        pending = sampled_logprobs(logits, seqs)  # before the controls change the logits
+        params = [s.request.sampling for s in seqs]
+        pending = None  # logprobs are taken before the controls change the logits
+        if any(p.logprobs is not None or p.cumulative_logprob for p in params):
+            pending = sampled_logprobs(logits, seqs)
         raw: dict[int, torch.Tensor] = {}  # verified rows' logits before the controls
-        if any(needs_processing(s) for s in seqs):
+        if any(p.uses_logits_controls for p in params) and any(map(needs_processing, seqs)):
             raw = {j: logits[j].clone() for j, s in enumerate(seqs) if s.is_verified}
             process_logits(logits, seqs)
-        token_ids = sample(logits, [s.request.sampling for s in seqs], [s.generator for s in seqs])
+        token_ids = sample(logits, params, [s.generator for s in seqs])
         if pending is not None:
             pending.finish(token_ids, seqs)
         for j, (i, token_id) in enumerate(zip(sampling_idx, token_ids.tolist(), strict=True)):

@@ -8,6 +8,7 @@ draws only from that generator, so its tokens do not depend on what else is in t
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,6 +46,17 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         self.validate()  # an invalid SamplingParams never exists
+
+    @functools.cached_property
+    def uses_logits_controls(self) -> bool:
+        """Any control of runtime.engine.logits asked (cached: the runner reads it every step)."""
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+            or bool(self.logit_bias)
+            or self.min_tokens > 0
+        )
 
     @property
     def is_greedy(self) -> bool:

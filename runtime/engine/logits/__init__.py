@@ -36,7 +36,8 @@ def _under_minimum(seq: Sequence) -> bool:
 
 
 def needs_processing(seq: Sequence) -> bool:
-    return _penalized(seq) or bool(seq.request.sampling.logit_bias) or _under_minimum(seq)
+    p = seq.request.sampling
+    return p.uses_logits_controls and (_penalized(seq) or bool(p.logit_bias) or _under_minimum(seq))
 
 
 def _on_rows(logits: torch.Tensor, rows: list[int], apply: Callable[[torch.Tensor], None]) -> None:
