@@ -36,7 +36,7 @@ __all__ = [
 PROMPT_ROWS_PER_PASS = 512
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: built once per token, a frozen __init__ costs twice as much
 class TokenLogprob:
     token_id: int
     logprob: float
@@ -50,25 +50,21 @@ def wants_logprobs(seq: Sequence) -> bool:
 
 
 def _entries(logprobs: torch.Tensor, chosen: torch.Tensor, ks: Seq[int]) -> list[TokenLogprob]:
-    """logprobs [n, vocab] (log-softmax), chosen [n] ids, ks: alternatives per row."""
+    """logprobs [n, vocab] (log-softmax), chosen [n] ids, ks: alternatives per row. One host
+    copy per quantity; the per-row Python is kept small (prompt logprobs build one per token)."""
     picked = logprobs.gather(1, chosen.unsqueeze(1))  # [n, 1]
-    ranks = (logprobs > picked).sum(dim=1) + 1
+    ranks = (logprobs > picked).sum(dim=1).add_(1).tolist()
+    ids, values = chosen.tolist(), picked.squeeze(1).tolist()
     k = max(ks, default=0)
-    top_values: list[list[float]] = [[] for _ in ks]
-    top_ids: list[list[int]] = [[] for _ in ks]
-    if k > 0:
-        values, ids = logprobs.topk(k, dim=1)
-        top_values, top_ids = values.tolist(), ids.tolist()
+    if k == 0:
+        return [TokenLogprob(t, v, r) for t, v, r in zip(ids, values, ranks, strict=True)]
+    top_values, top_ids = logprobs.topk(k, dim=1)
+    tops = [
+        tuple(zip(row_ids[:kj], row_values[:kj], strict=True))
+        for row_ids, row_values, kj in zip(top_ids.tolist(), top_values.tolist(), ks, strict=True)
+    ]
     return [
-        TokenLogprob(
-            token_id=token_id,
-            logprob=value,
-            rank=rank,
-            top=tuple(zip(top_ids[j][: ks[j]], top_values[j][: ks[j]], strict=True)),
-        )
-        for j, (token_id, value, rank) in enumerate(
-            zip(chosen.tolist(), picked.squeeze(1).tolist(), ranks.tolist(), strict=True)
-        )
+        TokenLogprob(t, v, r, top) for t, v, r, top in zip(ids, values, ranks, tops, strict=True)
     ]
 
 
