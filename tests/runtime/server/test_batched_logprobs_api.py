@@ -250,3 +250,29 @@ def test_streamed_batch_with_echo_equals_the_whole_response(served: LiveServer) 
         i = choice["index"]
         assert texts[i] == choice["text"] and tokens[i] == choice["logprobs"]["tokens"]
         assert values[i] == pytest.approx(choice["logprobs"]["token_logprobs"], abs=TOL)
+
+
+def test_constraint_masks_apply_with_controls_and_logprobs(client: openai.OpenAI) -> None:
+    """Issue 30's grammar mask is applied whether or not a row uses part A's controls, after
+    them: a +100 logit_bias cannot lift a forbidden token, min_tokens does not keep a completed
+    grammar running (its end finishes the choice), and logprobs come with every token (n = 2
+    too)."""
+    options = ("alpha", "beta", "gamma ray")
+    extra: dict[str, Any] = {"guided_choice": list(options), "min_tokens": 10}
+    for seed in range(3):
+        out = client.completions.create(
+            model="llama",
+            prompt="Pick:",
+            n=2,
+            max_tokens=20,
+            seed=seed,
+            logprobs=1,
+            logit_bias={"5": 100, "7": 100},
+            presence_penalty=1.5,
+            extra_body=extra,
+        )
+        for choice in out.choices:
+            assert choice.text in options and choice.finish_reason == "stop", choice
+            lp = choice.logprobs
+            assert lp is not None and lp.token_logprobs and len(lp.token_logprobs) >= 1
+            assert all(v is not None and v <= 0 for v in lp.token_logprobs)
