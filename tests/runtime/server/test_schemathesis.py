@@ -31,7 +31,12 @@ EXAMPLES_PER_OPERATION = 80  # x 2 modes x the operations: over 1,000 cases
 SEED = 17
 MAX_NEW_TOKENS = 3
 VOCAB = 512  # the demo llama's vocabulary
-STRUCTURED_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex")
+STRUCTURED_FIELDS: tuple[str, ...] = (
+    "response_format",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+)
 STRUCTURED_FIELDS += ("guided_choice", "guided_grammar")
 
 
