@@ -24,6 +24,7 @@ BENCHMARKS = (
     "telemetry",
     "storage",
     "batching",
+    "logprobs",
 )
 
 

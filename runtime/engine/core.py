@@ -23,6 +23,7 @@ import torch
 
 from runtime.engine.batching.controller import AdaptiveBatchController, BusyTracker
 from runtime.engine.config import EngineConfig
+from runtime.engine.logprobs import attach_logprobs
 from runtime.engine.model_runner import ModelRunner
 from runtime.engine.reasons import FailureReason, FinishReason
 from runtime.engine.request import TokenOutput
@@ -302,6 +303,8 @@ class EngineCore:
             token_id, fork.fork_token = fork.fork_token, None
             if fork.is_closed or token_id is None:
                 continue
+            # echo + logprobs: the prompt is the same for every choice, so is its logprobs list
+            fork.prompt_logprobs = seq.prompt_logprobs
             self.scheduler.fork(seq, fork)
             self._push_token(fork, token_id)
 
@@ -321,8 +324,7 @@ class EngineCore:
             cached_tokens=seq.stats.cached_tokens,
             index=seq.index,
         )
-        if reason is not None and seq.request.sampling.ranks_choices:
-            output.cumulative_logprob = seq.cumulative_logprob
+        attach_logprobs(seq, output)
         if reason is None:
             seq.handle.push(output)
         else:

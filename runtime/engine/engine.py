@@ -34,6 +34,7 @@ from runtime.engine.config import EngineConfig
 from runtime.engine.constraints import hooks as constraint_hooks
 from runtime.engine.embed import EmbeddingResult, embed_texts
 from runtime.engine.load_once import CallOnce
+from runtime.engine.logits.params import check_token_ids
 from runtime.engine.reasons import FailureReason, FinishReason
 from runtime.engine.request import (
     GenerationRequest,
@@ -163,6 +164,7 @@ class Engine:
             context=loaded.args.max_position_embeddings,
             max_tokens=params.max_tokens,
         )
+        check_token_ids(params, loaded.args.vocab_size)
         capacity = len(ids) + params.max_tokens
         kv_tokens = parts.kv_cache.max_tokens
         if not parts.kv_cache_fits(len(ids)):  # it could never be scheduled: refuse, not queue
@@ -197,6 +199,7 @@ class Engine:
             operation=request.operation,
             traceparent=request.traceparent,
             constraint=constraint_hooks.label(request),
+            logprobs=params.logprobs is not None or params.prompt_logprobs is not None,
         )
         return ValidatedRequest(request, ids, stats, deadline=time.monotonic() + timeout_s)
 

@@ -15,11 +15,13 @@ from typing import cast
 
 import torch
 
-from runtime.engine.choice_logprob import add_sampled_logprobs
 from runtime.engine.choices import with_forks
 from runtime.engine.constraints.mask import accept_sampled, apply_constraint_masks
+from runtime.engine.logits import needs_processing, process_logits
+from runtime.engine.logprobs import asks_sampled_logprobs, prompt_logprobs, sampled_logprobs
 from runtime.engine.sampling import sample
 from runtime.engine.scheduler import SchedulerOutput
+from runtime.engine.sequence import Sequence
 from runtime.memory.kv_cache import KVCache
 from runtime.models.base import CausalLM, SeqSlice
 from runtime.models.fast.build import FastPath
@@ -63,6 +65,9 @@ class ModelRunner:
             if self.kv_cache is not None:
                 self.kv_cache.cache_full_pages(piece.kv, item.seq.token_slice)
 
+        for item, piece in zip(batch.items, slices, strict=True):
+            if item.seq.needs_prompt_logits:  # echo + logprobs: this chunk's prompt positions
+                self._prompt_logprobs(item.seq, hidden[piece.start : piece.end])
         sampling_idx = [i for i, item in enumerate(batch.items) if item.samples]
         sampled: list[int | None] = [None] * len(batch.items)
         if not sampling_idx:
@@ -72,16 +77,43 @@ class ModelRunner:
         seqs, fork_rows = with_forks([batch.items[i].seq for i in sampling_idx])
         if len(fork_rows) > len(sampling_idx):  # n choices: one prefill, a row for each choice
             logits = logits.index_select(0, torch.tensor(fork_rows, device=self.device))
-        apply_constraint_masks(logits, seqs)  # structured output: forbidden tokens -> -inf
-        token_ids = sample(logits, [s.request.sampling for s in seqs], [s.generator for s in seqs])
-        add_sampled_logprobs(logits, token_ids, seqs)
+        params = [s.request.sampling for s in seqs]
+        pending = None  # logprobs are taken before the controls and masks change the logits
+        if any(map(asks_sampled_logprobs, params)):
+            pending = sampled_logprobs(logits, seqs)
+        raw: dict[int, torch.Tensor] = {}  # verified rows' logits before the controls
+        if any(p.uses_logits_controls for p in params) and any(map(needs_processing, seqs)):
+            raw = {j: logits[j].clone() for j, s in enumerate(seqs) if s.is_verified}
+            process_logits(logits, seqs)
+        # structured output: forbidden tokens -> -inf, whether or not the row uses a control;
+        # after the controls, so no penalty or bias can lift a forbidden token back
+        apply_constraint_masks(logits, seqs)
+        token_ids = sample(logits, params, [s.generator for s in seqs])
+        if pending is not None:
+            pending.finish(token_ids, seqs)
         tokens = token_ids.tolist()
         accept_sampled(seqs, tokens)  # each constrained row's matcher takes its token
         for j, (i, token_id) in enumerate(zip(sampling_idx, tokens, strict=False)):
             sampled[i] = int(token_id)
             if seqs[j].is_verified:  # runtime.verify.verifier compares it with the reference path
-                seqs[j].chosen_logit = float(logits[j, token_id])
+                seqs[j].chosen_logit = float(raw.get(j, logits[j])[token_id])
         num_own = len(sampling_idx)
         for fork, token_id in zip(seqs[num_own:], tokens[num_own:], strict=True):
             fork.fork_token = int(token_id)  # the core forks it after this step
         return sampled
+
+    def _prompt_logprobs(self, seq: Sequence, hidden: torch.Tensor) -> None:
+        """Logprobs of the prompt tokens this chunk's positions predict (position p predicts
+        prompt[p + 1]; the last prompt position predicts the first sampled token instead)."""
+        prompt = seq.prompt_token_ids
+        if seq.prompt_logprobs is None:
+            seq.prompt_logprobs = [None] * len(prompt)
+        start = seq.num_computed_tokens  # the chunk's first position (not advanced yet)
+        end = min(start + hidden.shape[0], len(prompt) - 1)
+        if end <= start:
+            return
+        k = seq.request.sampling.prompt_logprobs or 0
+        entries = prompt_logprobs(
+            self.model.compute_logits, hidden[: end - start], prompt[start + 1 : end + 1], k
+        )
+        seq.prompt_logprobs[start + 1 : end + 1] = entries

@@ -27,6 +27,7 @@ from runtime.errors import FastllmError, InvalidRequestError, RequestTimeout
 
 if TYPE_CHECKING:
     from runtime.engine.constraints.spec import ConstraintSpec
+    from runtime.engine.logprobs import TokenLogprob
     from runtime.models.tokenizer import Tokenizer
 
 
@@ -106,7 +107,12 @@ class TokenOutput:
         0  # prompt tokens served from the prefix cache (usage.prompt_tokens_details)
     )
     index: int = 0  # which choice (sequence) of the request this output belongs to
-    cumulative_logprob: float | None = None  # on a final output when best_of > n (ranking)
+    # runtime.engine.logprobs, only when asked: one entry per token of token_ids; the prompt's
+    # (None for its first token) on the first output; the sum over all sampled tokens so far
+    # (also when best_of > n: the choices are ranked by it)
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    cumulative_logprob: float | None = None
 
     @property
     def is_final(self) -> bool:
@@ -284,4 +290,15 @@ def _join(request_id: str, outputs: list[TokenOutput]) -> TokenOutput:
         prompt_tokens=last.prompt_tokens,
         completion_tokens=last.completion_tokens,
         cached_tokens=last.cached_tokens,
+        logprobs=_joined_logprobs(outputs),
+        prompt_logprobs=next(
+            (o.prompt_logprobs for o in outputs if o.prompt_logprobs is not None), None
+        ),
+        cumulative_logprob=last.cumulative_logprob,
     )
+
+
+def _joined_logprobs(outputs: list[TokenOutput]) -> list[TokenLogprob] | None:
+    if all(o.logprobs is None for o in outputs):
+        return None
+    return [entry for o in outputs for entry in o.logprobs or ()]

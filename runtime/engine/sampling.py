@@ -8,12 +8,14 @@ draws only from that generator, so its tokens do not depend on what else is in t
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from runtime.engine.logits.params import validate_logits_params
 from runtime.errors import InvalidRequestError
 
 __all__ = ["SamplingParams", "apply_top_k_top_p", "make_generator", "sample"]
@@ -34,9 +36,30 @@ class SamplingParams:
     ignore_eos: bool = False
     n: int = 1  # choices returned; each runs as its own sequence over the prompt's shared pages
     best_of: int | None = None  # sequences run (>= n; None = n); the n most likely are returned
+    # logits processing and logprobs (runtime.engine.logits, runtime.engine.logprobs; checked in
+    # runtime.engine.logits.params): the defaults ask for nothing and cost nothing
+    logprobs: int | None = None  # top alternatives per sampled token (0: the token's own only)
+    prompt_logprobs: int | None = None  # the same for every prompt position (echo)
+    cumulative_logprob: bool = False  # sum of sampled tokens' logprobs (best_of ranks by it)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # vLLM's extension: >1 discourages prompt and output tokens
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
+    min_tokens: int = 0  # eos and stop_token_ids are masked until this many tokens
 
     def __post_init__(self) -> None:
         self.validate()  # an invalid SamplingParams never exists
+
+    @functools.cached_property
+    def uses_logits_controls(self) -> bool:
+        """Any control of runtime.engine.logits asked (cached: the runner reads it every step)."""
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+            or bool(self.logit_bias)
+            or self.min_tokens > 0
+        )
 
     @property
     def is_greedy(self) -> bool:
@@ -83,6 +106,7 @@ class SamplingParams:
             raise InvalidRequestError("stop strings must be non-empty strings", param="stop")
         if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise InvalidRequestError("stop_token_ids must be ids >= 0", param="stop_token_ids")
+        validate_logits_params(self)
 
 
 def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:

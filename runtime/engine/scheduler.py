@@ -171,7 +171,7 @@ class Scheduler:
     def _admit(self, seq: Sequence, budget: int) -> int | None:
         """Start the queue head: KV from its longest cached prefix plus pages for its first
         chunk. The tokens of that chunk, or None (nothing taken) when there is no room."""
-        kv = self.kv.allocate(seq.request_id, seq.token_ids, salt=seq.request.cache_salt)
+        kv = self.kv.allocate(seq.request_id, seq.cache_lookup_ids, salt=seq.request.cache_salt)
         num_tokens = min(seq.num_tokens - kv.num_tokens, budget)
         wanted = (
             seq.kv_capacity if self.config.reserve_full_sequence else kv.num_tokens + num_tokens

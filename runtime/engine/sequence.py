@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from runtime.engine.choice_group import ChoiceGroup
     from runtime.engine.constraints.state import ConstraintState
+    from runtime.engine.logprobs import TokenLogprob
     from runtime.engine.stopping import StopChecker
     from runtime.memory.kv_cache import SequenceKV
 
@@ -60,8 +61,25 @@ class Sequence:
     group: ChoiceGroup[Sequence] | None = None
     pending_forks: list[Sequence] = field(default_factory=list)
     fork_token: int | None = None  # a forked choice's first token, sampled from choice 0's logits
-    cumulative_logprob: float = 0.0  # of the sampled tokens, kept only when best_of > n
     constraint: ConstraintState | None = None  # its grammar's matcher (structured output)
+    # runtime.engine.logprobs: what the runner computed for the rows that asked (attach_logprobs
+    # moves it onto the next output); the prompt's list has None for position 0
+    step_logprob: TokenLogprob | None = None
+    # of the sampled tokens, summed only when asked (logprobs, or best_of > n ranks by it)
+    cumulative_logprob: float = 0.0
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    prompt_logprobs_sent: bool = False
+
+    @property
+    def needs_prompt_logits(self) -> bool:
+        """Prompt logprobs asked and not yet sent: every prompt position must be computed."""
+        return self.request.sampling.prompt_logprobs is not None and not self.prompt_logprobs_sent
+
+    @property
+    def cache_lookup_ids(self) -> list[int]:
+        """What the prefix cache may serve: nothing while the prompt's logits are needed (a
+        cached page has K/V but no logits), the whole sequence otherwise."""
+        return [] if self.needs_prompt_logits else self.token_ids
 
     @property
     def request_id(self) -> str:

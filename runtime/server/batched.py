@@ -11,9 +11,16 @@ from typing import Any
 from starlette.requests import Request
 
 from runtime.engine.constraints import ConstraintSpec
+from runtime.engine.request import TokenOutput
 from runtime.errors import InvalidRequestError
 from runtime.server import choices as ch
 from runtime.server import generate as gen
+from runtime.server.choice_logprobs import ChatChoiceLogprobs, CompletionChoiceShapers
+from runtime.server.controls import (
+    chat_logprob_fields,
+    completion_logprob_fields,
+    scored_max_tokens,
+)
 from runtime.server.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 from runtime.server.streaming import EventStream
 from runtime.serving.router import Route
@@ -51,10 +58,10 @@ async def completions(
     prompts = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in body.prompts]
 
     def params(ids: list[int]) -> Any:
-        limit = body.max_tokens or gen.default_max_tokens(
+        limit = scored_max_tokens(body) or gen.default_max_tokens(
             route.engine, len(ids), default_max_tokens
         )
-        return gen.sampling_params(body, limit)
+        return gen.sampling_params(body, limit, **completion_logprob_fields(body))
 
     subs = ch.submit_prompts(
         request,
@@ -68,6 +75,7 @@ async def completions(
         cache_salt=body.cache_salt,
     )
     base = _base(rid, subs[0].created, route.model, "text_completion")
+    shapers = CompletionChoiceShapers(tokenizer, body, prompts)  # echo, logprobs
 
     if body.stream:
 
@@ -78,24 +86,44 @@ async def completions(
             ]
             return payload
 
+        def rich(
+            index: int, outputs: list[TokenOutput], text: str, finish_reason: str | None
+        ) -> dict[str, Any]:
+            text, logprobs = shapers.shape(index, outputs, text)
+            payload = chunk(index, text, finish_reason)
+            payload["choices"][0]["logprobs"] = logprobs
+            return payload
+
         usage = gen.usage_chunk_builder(base) if body.include_usage else None
+        if usage is not None and shapers.drops_sampled:  # max_tokens 0: nothing is returned
+            usage = _without_completion(usage)
         events = ch.choice_events(
-            subs, body.n, chunk, usage=usage, continuous_usage=body.continuous_usage
+            subs,
+            body.n,
+            chunk,
+            usage=usage,
+            continuous_usage=body.continuous_usage,
+            rich=rich if shapers.active else None,
         )
         return EventStream(events, on_close=lambda: ch.cancel_all(subs))
     results = await ch.join_prompts(request, subs, body.n)
     payload = base()
-    payload["choices"] = [
-        {
-            "index": p * body.n + j,
-            "text": choice.text,
-            "finish_reason": choice.finish_reason,
-            "logprobs": None,
-        }
-        for p, result in enumerate(results)
-        for j, choice in enumerate(result.choices)
-    ]
-    payload["usage"] = ch.total_usage(results)
+    payload["choices"] = []
+    for p, result in enumerate(results):
+        for j, choice in enumerate(result.choices):
+            index = p * body.n + j
+            text, logprobs = choice.text, None
+            if shapers.active:
+                text, logprobs = shapers.shape(index, choice.outputs, choice.text)
+            payload["choices"].append(
+                {
+                    "index": index,
+                    "text": text,
+                    "finish_reason": choice.finish_reason,
+                    "logprobs": logprobs,
+                }
+            )
+    payload["usage"] = ch.total_usage(results, count_completion=not shapers.drops_sampled)
     return payload
 
 
@@ -108,7 +136,7 @@ async def chat(
     max_tokens: int,
     constraint: ConstraintSpec | None = None,
 ) -> Any:
-    params = gen.sampling_params(body, max_tokens)
+    params = gen.sampling_params(body, max_tokens, **chat_logprob_fields(body))
     subs = ch.submit_prompts(
         request,
         route,
@@ -121,6 +149,7 @@ async def chat(
         cache_salt=body.cache_salt,
     )
     base = _base(rid, subs[0].created, route.model, "chat.completion.chunk")
+    logprobs = ChatChoiceLogprobs(route.engine.tokenizer, body)
 
     if body.stream:
 
@@ -140,9 +169,22 @@ async def chat(
             ]
             return payload
 
+        def rich(
+            index: int, outputs: list[TokenOutput], text: str, finish_reason: str | None
+        ) -> dict[str, Any]:
+            payload = chunk(index, text, finish_reason)
+            payload["choices"][0]["logprobs"] = logprobs.of(outputs)
+            return payload
+
         usage = gen.usage_chunk_builder(base) if body.include_usage else None
         events = ch.choice_events(
-            subs, body.n, chunk, first=first, usage=usage, continuous_usage=body.continuous_usage
+            subs,
+            body.n,
+            chunk,
+            first=first,
+            usage=usage,
+            continuous_usage=body.continuous_usage,
+            rich=rich if logprobs.asked else None,
         )
         return EventStream(events, on_close=lambda: ch.cancel_all(subs))
     results = await ch.join_prompts(request, subs, body.n)
@@ -153,9 +195,15 @@ async def chat(
             "index": j,
             "message": {"role": "assistant", "content": choice.text},
             "finish_reason": choice.finish_reason,
-            "logprobs": None,
+            "logprobs": logprobs.of(choice.outputs),
         }
         for j, choice in enumerate(results[0].choices)
     ]
     payload["usage"] = ch.total_usage(results)
     return payload
+
+
+def _without_completion(
+    build: Callable[[int, int, int], dict[str, Any]],
+) -> Callable[[int, int, int], dict[str, Any]]:
+    return lambda prompt, _completion, cached: build(prompt, 0, cached)

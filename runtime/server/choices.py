@@ -31,6 +31,8 @@ from runtime.serving.router import Route
 
 # (choice index in the body, text delta, finish_reason) -> one chunk's JSON object
 IndexedChunk = Callable[[int, str, str | None], dict[str, Any]]
+# the same from the outputs behind the delta too (logprobs, echo: runtime.server.logprobs)
+IndexedOutputsChunk = Callable[[int, list[TokenOutput], str, str | None], dict[str, Any]]
 
 
 @dataclass
@@ -40,6 +42,7 @@ class Choice:
     finish_reason: str | None = None
     completion_tokens: int = 0
     cumulative_logprob: float | None = None
+    outputs: list[TokenOutput] = field(default_factory=list)  # for its logprobs and echo
 
 
 @dataclass
@@ -90,20 +93,21 @@ def submit_prompts(
 
 async def _collect(sub: gen.Submitted, n: int) -> PromptResult:
     result = PromptResult()
-    texts: dict[int, list[str]] = {}
+    outputs: dict[int, list[TokenOutput]] = {}
     finals: dict[int, TokenOutput] = {}
     async for out in sub.handle:
         if out.error is not None:
             raise out.error
         if out.finished_reason == FinishReason.CANCELLED:
             raise RequestCancelled("the request was cancelled")
-        texts.setdefault(out.index, []).append(out.text)
+        outputs.setdefault(out.index, []).append(out)
         if out.is_final:
             finals[out.index] = out
     for index, final in sorted(finals.items()):
         result.prompt_tokens, result.cached_tokens = final.prompt_tokens, final.cached_tokens
         result.completion_tokens += final.completion_tokens
-        choice = Choice(index, "".join(texts[index]), final.finished_reason)
+        outs = outputs[index]
+        choice = Choice(index, "".join(o.text for o in outs), final.finished_reason, outputs=outs)
         choice.completion_tokens, choice.cumulative_logprob = (
             final.completion_tokens,
             final.cumulative_logprob,
@@ -143,10 +147,11 @@ async def join_prompts(request: Request, subs: list[gen.Submitted], n: int) -> l
             await results
 
 
-def total_usage(results: list[PromptResult]) -> dict[str, Any]:
+def total_usage(results: list[PromptResult], count_completion: bool = True) -> dict[str, Any]:
+    """`count_completion` False: max_tokens 0 with echo (the sampled tokens are left out)."""
     return gen.usage(
         sum(r.prompt_tokens for r in results),
-        sum(r.completion_tokens for r in results),
+        sum(r.completion_tokens for r in results) if count_completion else 0,
         sum(r.cached_tokens for r in results),
     )
 
@@ -159,9 +164,12 @@ async def choice_events(
     first: Callable[[int], dict[str, Any]] | None = None,
     usage: Callable[[int, int, int], dict[str, Any]] | None = None,
     continuous_usage: bool = False,
+    rich: IndexedOutputsChunk | None = None,
 ) -> AsyncIterator[bytes]:
     """SSE bytes for several prompts' choices (not best_of > n: the route refuses that): each
-    wake-up of a handle becomes one chunk per choice that moved, `choices[0].index` naming it."""
+    wake-up of a handle becomes one chunk per choice that moved, `choices[0].index` naming it.
+    `rich`: builds every chunk from its outputs instead (logprobs, echo), also when the text is
+    held back, so each token's logprobs go out with the chunk of that token."""
     queue: asyncio.Queue[tuple[int, list[TokenOutput] | None]] = asyncio.Queue()
 
     async def pump(p: int, sub: gen.Submitted) -> None:
@@ -202,10 +210,19 @@ async def choice_events(
                     error = RequestCancelled("the request was cancelled")
                 if error is not None:
                     if text:
-                        yield sse(chunk(p * n + j, text, None))
+                        yield sse(
+                            chunk(p * n + j, text, None)
+                            if rich is None
+                            else rich(p * n + j, outs, text, None)
+                        )
                     yield sse(error_payload(error.message, error.error_type, code=error.code))
                     return
-                if text or last.finished_reason is not None:
+                if rich is not None:
+                    payload = rich(p * n + j, outs, text, last.finished_reason)
+                    if continuous_usage:
+                        payload["usage"] = usage_now()
+                    yield sse(payload)
+                elif text or last.finished_reason is not None:
                     payload = chunk(p * n + j, text, last.finished_reason)
                     if continuous_usage:
                         payload["usage"] = usage_now()

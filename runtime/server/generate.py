@@ -22,6 +22,7 @@ from runtime.engine.reasons import FinishReason
 from runtime.engine.request import GenerationRequest, RequestHandle, TokenOutput
 from runtime.engine.sampling import SamplingParams
 from runtime.errors import Overloaded, RequestCancelled
+from runtime.server.controls import control_fields
 from runtime.server.schemas import _Sampling
 from runtime.server.state import get_state
 from runtime.server.tenancy import prefix_salt, tenant_of
@@ -49,7 +50,8 @@ def begin(request: Request, prefix: str, model: str, operation: str) -> str:
     return request_id
 
 
-def sampling_params(body: _Sampling, max_tokens: int) -> SamplingParams:
+def sampling_params(body: _Sampling, max_tokens: int, **logprobs: Any) -> SamplingParams:
+    """`logprobs`: the route's logprobs fields (runtime.server.controls)."""
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=body.temperature,
@@ -59,6 +61,8 @@ def sampling_params(body: _Sampling, max_tokens: int) -> SamplingParams:
         ignore_eos=body.ignore_eos,
         n=body.n,
         best_of=getattr(body, "best_of", None),  # completions only
+        **control_fields(body),
+        **logprobs,
     )
 
 

@@ -2,7 +2,7 @@
 
 Requests are strict (`"5"` is not an integer) and ignore unknown fields, as OpenAI-compatible
 servers do, so clients that send extra parameters keep working; OpenAI's own fields that this
-server does not implement (logprobs, functions, ...) are refused unless sent with
+server does not implement (suffix, functions, ...) are refused unless sent with
 their neutral value (runtime.server.unsupported). These models are also what /openapi.json
 documents, so schemathesis generates cases from exactly these rules.
 """
@@ -11,10 +11,19 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    model_validator,
+)
 
+from runtime.engine.logits.params import MAX_LOGPROBS
 from runtime.engine.sampling import MAX_CHOICES
 from runtime.server.content import ContentParts
+from runtime.server.logprobs import ChatLogprobs, CompletionLogprobs
 from runtime.server.structured_schemas import ChatToolFields, StructuredFields, ToolCall
 from runtime.server.unsupported import (
     CHAT_FIELDS,
@@ -26,6 +35,7 @@ from runtime.server.unsupported import (
 # Bounds a client may send; the engine and the model's context bound them further (as 400s).
 MAX_STOP = 4
 MAX_PROMPTS = 32  # prompts in one completions request (each runs as a request of its own)
+MAX_STOP_TOKEN_IDS = 64
 # seeds within the doubles' exact integers, so every JSON encoder round-trips them exactly
 SEED_MIN, SEED_MAX = -(2**53 - 1), 2**53 - 1
 
@@ -40,10 +50,24 @@ def _integral(value: Any) -> Any:
 # bounds sit inside the Annotated so /openapi.json shows them as minimum / maximum
 PositiveInt = Annotated[int, Field(ge=1), BeforeValidator(_integral)]
 Choices = Annotated[int, Field(ge=1, le=MAX_CHOICES), BeforeValidator(_integral)]
+NonNegativeInt = Annotated[int, Field(ge=0), BeforeValidator(_integral)]
+TopLogprobs = Annotated[int, Field(ge=0, le=MAX_LOGPROBS), BeforeValidator(_integral)]
 Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX), BeforeValidator(_integral)]
 TokenId = Annotated[int, Field(ge=0, le=2**31 - 1), BeforeValidator(_integral)]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 NonEmptyStr = Annotated[str, Field(min_length=1)]
+# logit_bias: token ids as JSON object keys; the schema states that no other key is allowed
+_TOKEN_KEY = r"^[0-9]{1,10}$"
+LogitBias = Annotated[
+    dict[Annotated[str, Field(pattern=_TOKEN_KEY)], Annotated[float, Field(ge=-100.0, le=100.0)]],
+    WithJsonSchema(
+        {
+            "type": "object",
+            "propertyNames": {"pattern": _TOKEN_KEY},
+            "additionalProperties": {"type": "number", "minimum": -100.0, "maximum": 100.0},
+        }
+    ),
+]
 
 
 class _Request(BaseModel):
@@ -73,6 +97,16 @@ class _Sampling(_Request, StructuredFields):
         max_length=256,
         description="extension (as vLLM): only requests with the same salt share cached prefixes",
     )
+    # sampling controls (runtime.engine.logits; runtime.server.controls maps them)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(1.0, ge=0.01, le=2.0, description="extension (as vLLM)")
+    logit_bias: LogitBias | None = Field(
+        None, description="token id (as a string) -> bias added to its logit"
+    )
+    min_tokens: NonNegativeInt = Field(0, description="extension (as vLLM): eos held off")
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
+    return_tokens_as_token_ids: bool = Field(False, description="extension (as vLLM)")
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
@@ -94,6 +128,12 @@ class CompletionRequest(_Sampling):
     @classmethod
     def _refuse_unsupported(cls, data: Any) -> Any:
         return refuse_unsupported(data, COMPLETION_FIELDS)
+
+    max_tokens: NonNegativeInt | None = Field(
+        None, description="default 16; 0 only with echo (score the prompt, generate nothing)"
+    )
+    logprobs: TopLogprobs | None = Field(None, description="alternatives per token (0-20)")
+    echo: bool = Field(False, description="the prompt before the completion (and its logprobs)")
 
     # a string, token ids, or a batch of either (one request per prompt, answered together)
     prompt: (
@@ -145,6 +185,8 @@ class ChatCompletionRequest(_Sampling, ChatToolFields):
 
     messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
     max_completion_tokens: PositiveInt | None = Field(None, description="alias of max_tokens")
+    logprobs: bool = False
+    top_logprobs: TopLogprobs | None = Field(None, description="with logprobs: alternatives")
 
 
 class EmbeddingRequest(_Request):
@@ -181,7 +223,7 @@ class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: Literal["stop", "length"] | None = None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -204,7 +246,7 @@ class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: Literal["stop", "length", "tool_calls"] | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionResponse(BaseModel):

@@ -18,12 +18,14 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from runtime.engine.reasons import FinishReason
-from runtime.engine.request import RequestHandle
+from runtime.engine.request import RequestHandle, TokenOutput
 from runtime.errors import FastllmError, RequestCancelled
 from runtime.server.errors import error_payload
 
 # builds one chunk's JSON object from (text delta, finish_reason)
 ChunkBuilder = Callable[[str, str | None], dict[str, Any]]
+# the same from the outputs behind the delta too (logprobs, echo: runtime.server.logprobs)
+OutputsChunkBuilder = Callable[[list[TokenOutput], str, str | None], dict[str, Any]]
 
 
 def sse(payload: dict[str, Any]) -> bytes:
@@ -79,9 +81,12 @@ async def token_events(
     *,
     first: dict[str, Any] | None = None,
     usage: Callable[[int, int, int], dict[str, Any]] | None = None,
+    rich: OutputsChunkBuilder | None = None,
 ) -> AsyncIterator[bytes]:
     """SSE bytes for one request's outputs. `first`: an opening chunk (chat's role delta);
-    `usage`: builds the final usage-only chunk (stream_options.include_usage)."""
+    `usage`: builds the final usage-only chunk (stream_options.include_usage); `rich`: builds
+    every chunk from its outputs instead (one per wake-up, also when the text is held back, so
+    each token's logprobs go out with the chunk of that token)."""
     prompt_tokens = completion_tokens = cached_tokens = 0
     text_event = text_event_builder(chunk)
     try:
@@ -99,10 +104,12 @@ async def token_events(
                 error = RequestCancelled("the request was cancelled")
             if error is not None:
                 if text:
-                    yield text_event(text)
+                    yield text_event(text) if rich is None else sse(rich(outputs, text, None))
                 yield sse(error_payload(error.message, error.error_type, code=error.code))
                 return
-            if last.finished_reason is not None:
+            if rich is not None:
+                yield sse(rich(outputs, text, last.finished_reason))
+            elif last.finished_reason is not None:
                 yield sse(chunk(text, last.finished_reason))
             elif text:
                 yield text_event(text)

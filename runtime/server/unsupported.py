@@ -1,6 +1,6 @@
 """OpenAI request fields this server does not implement are refused, never silently ignored: a
-client asking for logprobs or legacy `functions` must learn it does not get them. A field sent with
-its neutral value (`echo: false`, `functions: []`, ...) asks for
+client asking for legacy `functions` or a `suffix` must learn it does not get them. A field sent
+with its neutral value (`suffix: ""`, `functions: []`, ...) asks for
 nothing and passes; any other value is a 400 naming the field. Fields that are not OpenAI's
 stay ignored, as in other OpenAI-compatible servers.
 """
@@ -16,26 +16,15 @@ from pydantic_core import PydanticCustomError
 UNSUPPORTED = "unsupported_field"  # the pydantic error type (runtime.server.errors reads it)
 
 _NONE: tuple[Any, ...] = (None,)
-_OFF: tuple[Any, ...] = (None, False, 0)
 _EMPTY: tuple[Any, ...] = (None, [], {})
-_ZERO: tuple[Any, ...] = (None, 0)
 
-# field -> the values that ask for nothing (compared with ==)
-_SAMPLING: dict[str, tuple[Any, ...]] = {
-    "logit_bias": _EMPTY,
-    "presence_penalty": _ZERO,
-    "frequency_penalty": _ZERO,
-}
+# field -> the values that ask for nothing (compared with ==); logprobs, echo, logit_bias, the
+# penalties (runtime.engine.logits, .logprobs), n / best_of (runtime.engine.choices), tools and
+# response_format (runtime.engine.constraints) are implemented
 COMPLETION_FIELDS: dict[str, tuple[Any, ...]] = {
-    **_SAMPLING,
-    "logprobs": _NONE,  # an int: even 0 asks for the sampled token's logprob
-    "echo": _OFF,
     "suffix": (None, ""),
 }
 CHAT_FIELDS: dict[str, tuple[Any, ...]] = {
-    **_SAMPLING,
-    "logprobs": _OFF,
-    "top_logprobs": _ZERO,
     "functions": _EMPTY,
     "function_call": (None, "none"),
     "modalities": (None, ["text"]),

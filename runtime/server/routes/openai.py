@@ -5,15 +5,28 @@ from __future__ import annotations
 import asyncio
 import base64
 import struct
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from runtime.engine.request import TokenOutput
 from runtime.errors import InvalidRequestError
 from runtime.server import batched
 from runtime.server import generate as gen
+from runtime.server.controls import (
+    chat_logprob_fields,
+    completion_logprob_fields,
+    scored_max_tokens,
+)
 from runtime.server.errors import ERROR_RESPONSES
+from runtime.server.logprobs import (
+    TokenTexts,
+    chat_logprobs,
+    completion_shaper,
+    sampled_positions,
+)
 from runtime.server.schemas import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -64,10 +77,10 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
         )
     prompt = body.single_prompt
     ids = route.engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-    max_tokens = body.max_tokens or gen.default_max_tokens(
+    max_tokens = scored_max_tokens(body) or gen.default_max_tokens(
         route.engine, len(ids), COMPLETION_DEFAULT_MAX_TOKENS
     )
-    params = gen.sampling_params(body, max_tokens)
+    params = gen.sampling_params(body, max_tokens, **completion_logprob_fields(body))
     spec = constraint_of(body)  # structured output (runtime.server.structured)
     sub = gen.submit(
         request,
@@ -80,6 +93,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
         constraint=spec,
         cache_salt=body.cache_salt,
     )
+    shaper = completion_shaper(route.engine.tokenizer, prompt, ids, body)
 
     def base() -> dict[str, Any]:
         return {
@@ -98,15 +112,30 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
             ]
             return payload
 
+        def rich(outputs: list[TokenOutput], text: str, finish_reason: str | None) -> Any:
+            payload = base()
+            text, logprobs = shaper.shape(outputs, text)
+            payload["choices"] = [
+                {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": logprobs}
+            ]
+            return payload
+
         usage = gen.usage_chunk_builder(base) if body.include_usage else None
-        events = token_events(sub.handle, sub.cancel, chunk, usage=usage)
+        if usage is not None and shaper.drop_sampled:  # max_tokens 0: nothing is returned
+            usage = _without_completion(usage)
+        plain = not body.echo and body.logprobs is None
+        events = token_events(
+            sub.handle, sub.cancel, chunk, usage=usage, rich=None if plain else rich
+        )
         return EventStream(events, on_close=sub.cancel)
     out = await gen.join(request, sub)
     payload = base()
+    text, logprobs = shaper.shape([out], out.text)
     payload["choices"] = [
-        {"index": 0, "text": out.text, "finish_reason": out.finished_reason, "logprobs": None}
+        {"index": 0, "text": text, "finish_reason": out.finished_reason, "logprobs": logprobs}
     ]
-    payload["usage"] = gen.usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
+    completion_tokens = 0 if shaper.drop_sampled else out.completion_tokens
+    payload["usage"] = gen.usage(out.prompt_tokens, completion_tokens, out.cached_tokens)
     return payload
 
 
@@ -134,7 +163,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
                 param="n" if body.n != 1 else "stream_options",
             )
         return await batched.chat(body, request, rid, route, ids, max_tokens, constraint)
-    params = gen.sampling_params(body, max_tokens)
+    params = gen.sampling_params(body, max_tokens, **chat_logprob_fields(body))
     sub = gen.submit(
         request,
         route,
@@ -146,6 +175,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         constraint=constraint,
         cache_salt=body.cache_salt,
     )
+    texts = TokenTexts(tokenizer, body.return_tokens_as_token_ids)
 
     def base() -> dict[str, Any]:
         return {
@@ -178,15 +208,34 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
                 "logprobs": None,
             }
         ]
+
+        def rich(outputs: list[TokenOutput], text: str, finish_reason: str | None) -> Any:
+            payload = chunk(text, finish_reason)
+            logprobs = chat_logprobs(texts, sampled_positions(outputs))
+            payload["choices"][0]["logprobs"] = logprobs
+            return payload
+
         usage = gen.usage_chunk_builder(base) if body.include_usage else None
-        events = token_events(sub.handle, sub.cancel, chunk, first=first, usage=usage)
+        events = token_events(
+            sub.handle,
+            sub.cancel,
+            chunk,
+            first=first,
+            usage=usage,
+            rich=rich if body.logprobs else None,
+        )
         return EventStream(events, on_close=sub.cancel)
     out = await gen.join(request, sub)
     payload = base()
     payload["object"] = "chat.completion"
     message, finish_reason = assistant_message(plan, out.text, out.finished_reason)
     payload["choices"] = [
-        {"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}
+        {
+            "index": 0,
+            "message": message,
+            "finish_reason": finish_reason,
+            "logprobs": chat_logprobs(texts, sampled_positions([out])) if body.logprobs else None,
+        }
     ]
     payload["usage"] = gen.usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
     return payload
@@ -224,3 +273,9 @@ async def list_models(request: Request) -> Response | ModelList:
     state = get_state(request)
     cards = [ModelCard(id=name, created=state.created) for name in state.router.model_names]
     return ModelList(data=cards)
+
+
+def _without_completion(
+    build: Callable[[int, int, int], dict[str, Any]],
+) -> Callable[[int, int, int], dict[str, Any]]:
+    return lambda prompt, _completion, cached: build(prompt, 0, cached)

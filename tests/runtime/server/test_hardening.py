@@ -138,11 +138,7 @@ def test_deep_json_is_a_counted_400_with_its_row(app: InProcess) -> None:
 @pytest.mark.parametrize(
     ("path", "base", "field", "value"),
     [
-        ("/v1/completions", COMPLETION, "logprobs", 1),
-        ("/v1/completions", COMPLETION, "echo", True),
-        ("/v1/completions", COMPLETION, "logit_bias", {"5": 10}),
-        ("/v1/chat/completions", CHAT, "logprobs", True),
-        ("/v1/chat/completions", CHAT, "top_logprobs", 3),
+        ("/v1/completions", COMPLETION, "suffix", "tail"),
         ("/v1/chat/completions", CHAT, "functions", [{"name": "f"}]),
         ("/v1/chat/completions", CHAT, "function_call", "auto"),
         ("/v1/embeddings", EMBEDDING, "dimensions", 8),
@@ -158,7 +154,7 @@ def test_unsupported_openai_fields_are_refused_by_name(
 @pytest.mark.parametrize(
     ("path", "body"),
     [
-        ("/v1/completions", {**COMPLETION, "echo": False, "best_of": 1, "logprobs": None}),
+        ("/v1/completions", {**COMPLETION, "echo": False, "best_of": 1, "suffix": ""}),
         ("/v1/chat/completions", {**CHAT, "logprobs": False, "tools": [], "tool_choice": "none"}),
         ("/v1/chat/completions", {**CHAT, "response_format": {"type": "text"}}),
         ("/v1/embeddings", {**EMBEDDING, "dimensions": None}),

@@ -31,7 +31,12 @@ EXAMPLES_PER_OPERATION = 80  # x 2 modes x the operations: over 1,000 cases
 SEED = 17
 MAX_NEW_TOKENS = 3
 VOCAB = 512  # the demo llama's vocabulary
-STRUCTURED_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex")
+STRUCTURED_FIELDS: tuple[str, ...] = (
+    "response_format",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+)
 STRUCTURED_FIELDS += ("guided_choice", "guided_grammar")
 
 
@@ -75,7 +80,28 @@ def _steer(body: Any, path: str, mode: GenerationMode) -> Any:
             and value > MAX_NEW_TOKENS
         ):
             body[key] = MAX_NEW_TOKENS
+    _steer_cross_field(body)
     return body
+
+
+def _steer_cross_field(body: dict[str, Any]) -> None:
+    """Rules between fields (or against the vocabulary) that JSON Schema cannot state: a
+    schema-valid body is made to keep them (a body that breaks them gets a 400 naming the field,
+    tests/runtime/server/test_logprobs_api.py)."""
+    limit = body.get("max_completion_tokens") or body.get("max_tokens")
+    if body.get("max_tokens") == 0 and not body.get("echo"):
+        body["max_tokens"] = limit = MAX_NEW_TOKENS  # 0 only scores an echoed prompt
+    numbers = (body.get("min_tokens"), limit)
+    if all(isinstance(x, int | float) and not isinstance(x, bool) for x in numbers):
+        body["min_tokens"] = min(body["min_tokens"], limit)
+    bias = body.get("logit_bias")
+    if isinstance(bias, dict):
+        body["logit_bias"] = {
+            str(int(k) % VOCAB) if isinstance(k, str) and k.isdigit() else k: v
+            for k, v in bias.items()
+        }
+    if body.get("top_logprobs") is not None and "messages" in body:
+        body["logprobs"] = True
 
 
 def _fuzz(operation: Any, mode: GenerationMode, headers: dict[str, str]) -> int:
