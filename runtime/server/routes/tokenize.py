@@ -28,7 +28,9 @@ PATHS = ("/tokenize", "/detokenize")  # the edge guard treats them as it treats 
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    # extra fields refused: a body is exactly one of the shapes (one with both `prompt` and an
+    # invalid `messages` would otherwise pass as a prompt body, against its own schema)
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     model: str | None = Field(None, min_length=1, max_length=256)
 
