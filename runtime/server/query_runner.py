@@ -7,7 +7,10 @@ too, so that no query can hold the loop, the server's other worker threads, or u
 
 Answers follow Prometheus' HTTP API: a query past its deadline is 503 `timeout` (its
 `query.timeout`), one touching too many samples or answering too many bytes 422 `execution`
-(its `query.max-samples`), more queries than `query_max_concurrency` at once 503 `unavailable`.
+(its `query.max-samples`). At most `query_max_concurrency` queries run at once; more wait for a
+slot in arrival order, as Prometheus' `query.max-concurrency` queues them (the status page sends a
+few dozen panels' queries together), up to `max_queued` waiting and `query_timeout_s` of waiting:
+past either, 503 `unavailable`.
 Anything else a query raises is logged and answered 422 `execution`: no input makes a 500.
 """
 
@@ -39,6 +42,7 @@ class QueryLimits:
     max_samples: int = 500_000  # query_max_samples: store reads plus step results
     max_response_bytes: int = 16 << 20  # query_max_response_bytes
     max_concurrency: int = 4  # query_max_concurrency: queries evaluated at once
+    max_queued: int = 64  # queries waiting for a slot at most (beyond: 503 at once)
 
     @classmethod
     def from_settings(cls, settings: Any) -> QueryLimits:
@@ -55,6 +59,8 @@ class QueryRunner:
         self.limits = limits
         self._executor = ThreadPoolExecutor(limits.max_concurrency, "status-query")
         self._num_running = 0  # touched only on the event loop
+        self._num_waiting = 0  # likewise
+        self._slots: asyncio.Semaphore | None = None  # made on the loop that first asks
         self._budgets: set[QueryBudget] = set()
         self._budgets_lock = threading.Lock()
         self._closed = threading.Event()
@@ -62,17 +68,32 @@ class QueryRunner:
     async def answer(self, work: Callable[[QueryBudget], dict[str, Any]]) -> Answer:
         if self._closed.is_set():
             return _error(QueryError("the server is stopping", "unavailable", 503))
-        if self._num_running >= self.limits.max_concurrency:
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.limits.max_concurrency)
+        slots = self._slots
+        if slots.locked() and self._num_waiting >= self.limits.max_queued:
             message = (
-                f"too many queries in flight (query_max_concurrency={self.limits.max_concurrency})"
+                f"too many queries in flight (query_max_concurrency={self.limits.max_concurrency}"
+                f", {self._num_waiting} waiting)"
             )
             return _error(QueryError(message, "unavailable", 503))
+        self._num_waiting += 1
+        try:
+            await asyncio.wait_for(slots.acquire(), self.limits.timeout_s)
+        except TimeoutError:
+            message = (
+                f"no query slot free in query_timeout_s={self.limits.timeout_s:g} "
+                f"(query_max_concurrency={self.limits.max_concurrency})"
+            )
+            return _error(QueryError(message, "unavailable", 503))
+        finally:
+            self._num_waiting -= 1
         budget = QueryBudget.start(
             timeout_s=self.limits.timeout_s, max_samples=self.limits.max_samples
         )
         self._num_running += 1
         future = asyncio.get_running_loop().run_in_executor(self._executor, self._run, work, budget)
-        future.add_done_callback(self._release)
+        future.add_done_callback(lambda _: self._release(slots))
         try:
             return await asyncio.wait_for(
                 asyncio.shield(future), self.limits.timeout_s + _ANSWER_GRACE_S
@@ -84,8 +105,10 @@ class QueryRunner:
             message = f"query timed out (query_timeout_s={self.limits.timeout_s:g})"
             return _error(QueryError(message, "timeout", 503))
 
-    def _release(self, _future: Any) -> None:
+    def _release(self, slots: asyncio.Semaphore) -> None:
+        """The worker is done (on the loop): its slot goes to the longest waiting query."""
         self._num_running -= 1
+        slots.release()
 
     def _run(self, work: Callable[[QueryBudget], dict[str, Any]], budget: QueryBudget) -> Answer:
         with self._budgets_lock:

@@ -57,9 +57,9 @@ def test_an_answer_over_the_byte_bound_is_a_422(queries: QueryService) -> None:
     assert status == 422 and "query_max_response_bytes" in body["error"]
 
 
-def test_past_max_concurrency_a_query_is_a_503(queries: QueryService) -> None:
+def test_past_max_concurrency_and_the_queue_a_query_is_a_503(queries: QueryService) -> None:
     release = threading.Event()
-    runner = QueryRunner(QueryLimits(max_concurrency=1))
+    runner = QueryRunner(QueryLimits(max_concurrency=1, max_queued=0))
 
     def blocked(_budget: Any) -> dict[str, Any]:
         release.wait(30)
@@ -78,6 +78,61 @@ def test_past_max_concurrency_a_query_is_a_503(queries: QueryService) -> None:
         runner.close()
     assert status1 == 200 and status2 == 503
     assert "query_max_concurrency" in json.loads(body2)["error"]
+
+
+def test_past_max_concurrency_a_query_waits_for_a_slot(queries: QueryService) -> None:
+    """The status page sends dozens of panel queries at once: they queue, as Prometheus' do."""
+    release = threading.Event()
+    runner = QueryRunner(QueryLimits(max_concurrency=1, max_queued=4))
+    order: list[int] = []
+
+    def blocked(_budget: Any) -> dict[str, Any]:
+        release.wait(30)
+        order.append(0)
+        return {"resultType": "vector", "result": []}
+
+    def quick(_budget: Any) -> dict[str, Any]:
+        order.append(1)
+        return {"resultType": "vector", "result": []}
+
+    async def run() -> list[tuple[int, bytes]]:
+        first = asyncio.ensure_future(runner.answer(blocked))
+        await asyncio.sleep(0.05)  # the first one holds the only slot
+        waiting = [asyncio.ensure_future(runner.answer(quick)) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        assert order == []  # they wait while the slot is held
+        release.set()
+        return [await first, *[await w for w in waiting]]
+
+    try:
+        answers = asyncio.run(run())
+    finally:
+        runner.close()
+    assert [status for status, _ in answers] == [200] * 4
+    assert order == [0, 1, 1, 1]
+
+
+def test_a_query_waiting_past_its_deadline_is_a_503(queries: QueryService) -> None:
+    release = threading.Event()
+    runner = QueryRunner(QueryLimits(max_concurrency=1, timeout_s=0.2))
+
+    def blocked(_budget: Any) -> dict[str, Any]:
+        release.wait(30)
+        return {"resultType": "vector", "result": []}
+
+    async def run() -> tuple[int, bytes]:
+        first = asyncio.ensure_future(runner.answer(blocked))
+        await asyncio.sleep(0.05)
+        second = await runner.answer(blocked)  # never gets the slot within 0.2 s
+        release.set()
+        await first
+        return second
+
+    try:
+        status, body = asyncio.run(run())
+    finally:
+        runner.close()
+    assert status == 503 and "no query slot free" in json.loads(body)["error"]
 
 
 def test_an_unexpected_error_is_a_422_not_a_500(queries: QueryService) -> None:

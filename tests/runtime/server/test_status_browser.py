@@ -66,7 +66,8 @@ UNSUPPORTED = {  # a dashboard panel outside the embedded PromQL subset
 
 @dataclass
 class Load:
-    """Two clients: completions, every fifth one invalid (a validation failure)."""
+    """Two clients: completions, every fifth one invalid (a validation failure), every fourth
+    one structured (a new grammar to compile or a cached one: the grammar panels' data)."""
 
     url: str
     num_sent: int = 0
@@ -80,7 +81,13 @@ class Load:
             while not self._stop.is_set():
                 i += 1
                 bad = i % 5 == 0
-                body = {"model": MODEL, "prompt": f"status {k} {i}", "max_tokens": -1 if bad else 6}
+                body: dict[str, Any] = {
+                    "model": MODEL,
+                    "prompt": f"status {k} {i}",
+                    "max_tokens": -1 if bad else 6,
+                }
+                if i % 4 == 2:
+                    body["guided_choice"] = ["yes", "no", f"{k}-{i}" if i % 8 == 2 else "maybe"]
                 reply = client.post("/v1/completions", json=body)
                 self.num_sent += 1
                 if reply.status_code != (400 if bad else 200):
