@@ -1,11 +1,15 @@
 """The batch controller's input: the share of the device's saturation throughput being delivered.
 
-    u = busy fraction x (1 - a / T(work of the window's mean batch))
+    u = busy fraction x (tokens/s of the window's steps ÷ the best tokens/s at their mix)
 
-over the trailing control window, with `T` and `a` from the online step-time model. Duty cycles
-alone (the busy fraction, NVML `utilization.gpu`) read ~1 under any backlog whatever the batch,
-so shrinking cannot lower them and a controller fed with them ratchets down to `min_num_seqs`;
-`1 - a/T` rises with the batch, so the law settles where a bigger batch buys little throughput.
+over the trailing control window. The numerator is measured: the window's tokens over the seconds
+its steps took. The denominator is the step-time model's (runtime.engine.batching.step_model):
+the best throughput any step size delivered, moved to the window's mix (sampled rows and attention
+pairs per token). So u is ~1 at the batch that saturates the device and lower by as much as a
+batch delivers less, whatever the shape of the step-time curve. Duty cycles alone (the busy
+fraction, NVML `utilization.gpu`) read ~1 under any backlog whatever the batch, so shrinking cannot
+lower them and a controller fed with them ratchets down to `min_num_seqs`; the share rises with
+the batch up to the knee, so the law settles where a bigger batch buys little throughput.
 
 The window also says whether the limit binds: a step binds when, at schedule time, requests were
 left waiting with the batch at the limit (`StepStats.limit_binds`). While fewer than half of the
@@ -27,12 +31,21 @@ from runtime.engine.stats import StepStats
 
 
 @dataclass(frozen=True)
+class _Observed:
+    ts: float  # when the step was observed (the source's clock)
+    binds: bool  # the limit held requests back at this step
+    num_seqs: int
+    features: tuple[float, float, float]  # tokens, sampled rows, attention pairs
+    seconds: float  # the step's busy seconds
+
+
+@dataclass(frozen=True)
 class ThroughputReading:
     """One evaluation of the signal and its parts (None: no data)."""
 
     utilization: float | None  # u, the controller's input and fastllm_device_utilization_ratio
     busy_fraction: float | None  # share of the window spent in execute()
-    saturation_share: float | None  # 1 - a / T at the window's mean work
+    saturation_share: float | None  # window tokens/s ÷ the model's best tokens/s at that mix
     num_steps: int  # steps that ended in the window
     binding_fraction: float  # share of them at which the limit held requests back
     num_seqs: int | None  # sequences in the window's latest step
@@ -41,14 +54,7 @@ class ThroughputReading:
 
 class ThroughputUtilization:
     """A UtilizationSource fed with StepStats (`observe`). `busy` is the engine's own tracker when
-    the engine records busy time itself; without one, observed steps fill a private tracker.
-
-    The work the share is evaluated at is the window's mean batch (sequences per step) times the
-    work per sequence of the last `mix_steps` steps (tokens, sampled rows, attention pairs per
-    sequence: the prefill/decode mix and the context). A window of a few steps at a slow device
-    would otherwise read high or low by whether a prefill burst fell into it; this way the reading
-    follows the batch size at once and the mix smoothly.
-    """
+    the engine records busy time itself; without one, observed steps fill a private tracker."""
 
     def __init__(
         self,
@@ -66,9 +72,8 @@ class ThroughputUtilization:
         self._clock = clock
         self._own_busy = busy is None
         self._busy = busy if busy is not None else BusyTracker(window_s, clock=clock)
-        # (observed at, limit bound, sequences) of the window's steps
-        self._window: deque[tuple[float, bool, int]] = deque()
-        self._mix: deque[tuple[tuple[float, float, float], int]] = deque(maxlen=mix_steps)
+        self._window: deque[_Observed] = deque()
+        self._recent: deque[_Observed] = deque(maxlen=mix_steps)  # the throughput's steps
         self._lock = threading.Lock()
         self._num_observed = 0
         self._last: tuple[int, ThroughputReading] | None = None  # for demand() right after read()
@@ -82,41 +87,32 @@ class ThroughputUtilization:
             self._busy.add_busy(step.busy_seconds, end=now)
         with self._lock:
             self._num_observed += 1
-            self._window.append((now, step.limit_binds, step.num_seqs))
+            seen = _Observed(now, step.limit_binds, step.num_seqs, cost.features, step.busy_seconds)
+            self._window.append(seen)
             if step.num_seqs > 0:
-                self._mix.append((cost.features, step.num_seqs))
+                self._recent.append(seen)
             self._prune(now)
 
     def _prune(self, now: float) -> None:
-        while self._window and self._window[0][0] <= now - self.window_s:
+        while self._window and self._window[0].ts <= now - self.window_s:
             self._window.popleft()
-
-    def _per_sequence(self) -> tuple[float, float, float]:
-        num_seqs = sum(n for _, n in self._mix)
-        return (
-            sum(f[0] for f, _ in self._mix) / num_seqs,
-            sum(f[1] for f, _ in self._mix) / num_seqs,
-            sum(f[2] for f, _ in self._mix) / num_seqs,
-        )
 
     def reading(self, now: float | None = None) -> ThroughputReading:
         now = self._clock() if now is None else now
         with self._lock:
             self._prune(now)
             steps = list(self._window)
-            per_seq = self._per_sequence() if steps and self._mix else None
+            recent = list(self._recent)
         fit = self.model.fit()
         busy = self._busy.fraction(now)
-        binding = sum(s[1] for s in steps) / len(steps) if steps else 0.0
+        binding = sum(s.binds for s in steps) / len(steps) if steps else 0.0
         share = None
-        if fit is not None and per_seq is not None:
-            batch = sum(s[2] for s in steps) / len(steps)
-            work = (batch * per_seq[0], batch * per_seq[1], batch * per_seq[2])
-            share = fit.saturation_share(work)
+        if fit is not None and steps:
+            share = _share(fit, _same_size(recent, steps))
         u: float | None = None
         if fit is not None and busy is not None:  # an idle window delivers nothing: u = 0
             u = busy * share if share is not None else 0.0
-        num_seqs = steps[-1][2] if steps else None
+        num_seqs = steps[-1].num_seqs if steps else None
         return ThroughputReading(u, busy, share, len(steps), binding, num_seqs, fit)
 
     def read(self) -> float | None:
@@ -135,3 +131,24 @@ class ThroughputUtilization:
         reading = last[1] if fresh and last is not None else self.reading()
         binds = reading.num_steps > 0 and reading.binding_fraction >= self.binding_share
         return Demand(limit_binds=binds, num_seqs=reading.num_seqs)
+
+
+def _same_size(recent: list[_Observed], window: list[_Observed]) -> list[_Observed]:
+    """The recent steps at about the window's batch size: the throughput then follows a change of
+    batch size at once, and the prefill/decode mix over up to `mix_steps` steps, not with
+    whichever prefill burst landed in a one-second window."""
+    batch = sum(s.num_seqs for s in window) / len(window)
+    return [s for s in recent if 0.8 * batch <= s.num_seqs <= 1.25 * batch] or window
+
+
+def _share(fit: StepTimeFit, steps: list[_Observed]) -> float | None:
+    seconds = sum(s.seconds for s in steps)
+    work = (
+        sum(s.features[0] for s in steps),
+        sum(s.features[1] for s in steps),
+        sum(s.features[2] for s in steps),
+    )
+    if seconds <= 0 or work[0] <= 0:
+        return None
+    # the saturation rate depends on the mix only (per-token ratios), not on the total
+    return min(1.0, work[0] / seconds / fit.saturation_tokens_per_s(work))
