@@ -23,6 +23,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from runtime.engine.batching.goals import BatchGoal, band_for
 from runtime.errors import ConfigError
 
 DEFAULT_DEMO_MODEL_DIR = Path("demo-models/llama-tiny")
@@ -110,6 +111,11 @@ class Settings(BaseSettings):
         description="above this utilization the batch limit shrinks 10%; the default band keeps "
         "steps short at some cost in peak throughput: raise it (e.g. 0.95) to favour throughput, "
         "lower it to favour latency",
+    )
+    batch_goal: BatchGoal | None = Field(
+        None,
+        description="the trade-off as one word, replacing min_util/max_util: latency (0.5-0.7), "
+        "balanced (0.6-0.8) or throughput (0.9-1.0: within 10% of the best batch's throughput)",
     )
     step_up: float = Field(0.2, gt=0.0, le=1.0)
     step_down: float = Field(0.1, gt=0.0, le=1.0)
@@ -210,6 +216,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_band(self) -> Settings:
+        if self.batch_goal is not None:  # the goal names a band (runtime.engine.batching.goals)
+            self.min_util, self.max_util = band_for(self.batch_goal)
         if self.min_util >= self.max_util:
             raise ValueError(f"min_util ({self.min_util}) must be below max_util ({self.max_util})")
         if not self.min_num_seqs <= self.max_num_seqs:

@@ -35,6 +35,14 @@ from runtime.errors import ModelLoadError
     default=None,
     help="capture the decode step per batch bucket on CUDA; default auto",
 )
+@click.option(
+    "--batch-goal",
+    type=click.Choice(["latency", "balanced", "throughput"]),
+    default=None,
+    help="the batch policy's trade-off, replacing min_util/max_util: latency (band 0.5-0.7), "
+    "balanced (0.6-0.8, the default band) or throughput (0.9-1.0: within 10% of the best "
+    "batch's tokens/s, longer steps)",
+)
 def command(
     model_path: Path | None,
     host: str | None,
@@ -45,6 +53,7 @@ def command(
     log_level: str,
     compile_mode: str | None,
     cuda_graphs: str | None,
+    batch_goal: str | None,
 ) -> None:
     """Serve a model over the OpenAI-compatible API until SIGTERM (then drain and exit 0).
 
@@ -68,6 +77,7 @@ def command(
         admin_token=admin_token,
         compile=compile_mode,
         cuda_graphs=cuda_graphs,
+        batch_goal=batch_goal,
     )
     for path in (settings.model_path, settings.canary_model_path, settings.embedding_model_path):
         if path is not None and not (Path(path) / "config.json").is_file():

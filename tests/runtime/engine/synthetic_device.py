@@ -46,7 +46,9 @@ class ScriptedDevice:
         base = self.mean_seconds(tokens, sampled, pairs)
         return base * (1.0 + rng.uniform(-self.noise, self.noise))
 
-    def true_ratio(self, per_seq: tuple[float, float, float], batch: float, max_batch: int) -> float:
+    def true_ratio(
+        self, per_seq: tuple[float, float, float], batch: float, max_batch: int
+    ) -> float:
         """The truth u estimates at a busy device: tokens/s at `batch` sequences ÷ tokens/s at the
         best batch of 1..max_batch, for the same work per sequence (the same workload)."""
 

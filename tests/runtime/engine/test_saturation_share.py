@@ -1,0 +1,102 @@
+"""u over the whole batch range (issue 28), on the synthetic device with a saturating step time
+(flat while reading the weights dominates, then linear: the shape a CPU or a GPU shows) and a
+context that grows over the run: at every pinned batch u reads the true ratio tokens/s(batch) ÷
+tokens/s(best batch) for the same work (±0.1), also after a long run at one batch size.
+
+The truth is the device's own formula (ScriptedDevice.true_ratio) at the work per sequence the
+engine ran in the last second, times the measured busy fraction; nothing of the model is in it.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from runtime.engine.batching.controller import AdaptiveBatchController, BatchPolicyConfig
+from tests.runtime.engine.synthetic_device import ScriptedDevice, SimulatedEngine
+
+# knee at 30 tokens; a sampled row and an attention pair cost something too (lm_head, scores)
+DEVICE = ScriptedDevice(
+    fixed_s=0.030, per_token_s=0.001, per_row_s=0.0002, per_pair_s=4e-7, noise=0.05, saturating=True
+)
+MAX_BATCH = 64
+SIZES = (1, 4, 8, 16, 24, 32, 48, 64)
+
+
+def pin(sim: SimulatedEngine, limit: int) -> None:
+    """Pin the running engine's limit (a new controller on the same signal and model)."""
+    config = BatchPolicyConfig(initial=limit, min_batch=limit, max_batch=limit)
+    sim.controller = AdaptiveBatchController(config, sim.source, history=100_000)
+
+
+def u_and_truth(sim: SimulatedEngine, limit: int) -> tuple[float, float]:
+    reading = sim.source.reading()
+    steps = [s for s in sim.steps if s.ts > sim.now - 1.0]
+    rows = sum(s.num_sampled for s in steps)
+    per_seq = (
+        sum(s.num_decode_tokens for s in steps) / rows,
+        1.0,
+        sum(s.num_attention_pairs for s in steps) / rows,
+    )
+    assert reading.utilization is not None and reading.busy_fraction is not None
+    truth = reading.busy_fraction * DEVICE.true_ratio(per_seq, limit, MAX_BATCH)
+    return reading.utilization, truth
+
+
+def engine(limit: int) -> SimulatedEngine:
+    """Long generations: the context grows from 40 to hundreds of tokens over the run."""
+    sim = SimulatedEngine(
+        DEVICE,
+        BatchPolicyConfig(initial=limit, min_batch=1, max_batch=MAX_BATCH),
+        streams=2 * MAX_BATCH,
+        new_tokens=(600, 1200),
+    )
+    pin(sim, limit)
+    return sim
+
+
+def test_u_reads_the_true_ratio_at_every_pinned_batch_as_the_context_grows() -> None:
+    for limit in SIZES:
+        sim = engine(limit)
+        contexts = []
+        for _ in range(4):
+            sim.run(4.0)
+            u, truth = u_and_truth(sim, limit)
+            assert abs(u - truth) <= 0.1, (limit, sim.now, u, truth)
+            contexts.append(sim.steps[-1].num_attention_pairs / sim.steps[-1].num_sampled)
+            if limit >= 32:  # past the knee: the device is saturated, and u says so
+                assert u > 0.9, (limit, u)
+        assert contexts[-1] > 1.5 * contexts[0]  # the context did grow over the run
+
+
+def test_no_drift_after_a_long_run_at_one_batch_size() -> None:
+    sim = engine(32)
+    readings = []
+    for _ in range(20):  # 10 virtual minutes at 32: contexts grow into the thousands
+        sim.run(30.0)
+        u, truth = u_and_truth(sim, 32)
+        readings.append(u)
+        assert abs(u - truth) <= 0.1, (sim.now, u, truth)
+    assert max(readings) - min(readings) < 0.1, readings
+    for limit in SIZES:  # then every other size: the buckets kept what they measured
+        pin(sim, limit)
+        sim.run(3.0)
+        u, truth = u_and_truth(sim, limit)
+        assert abs(u - truth) <= 0.1, (limit, u, truth)
+
+
+def test_a_device_idle_half_the_time_reads_at_most_half() -> None:
+    """Open-loop arrivals at half the best throughput: u = busy x share stays below 0.5, the
+    low-utilization alert's line (the closed loop above, saturated, reads ~1)."""
+    best_tokens_per_s = 48 / DEVICE.mean_seconds(48, 48, 48 * 300)
+    sim = SimulatedEngine(
+        DEVICE,
+        BatchPolicyConfig(initial=48, min_batch=48, max_batch=48),
+        streams=0,
+        arrival_rate=0.5 * best_tokens_per_s / 64,  # requests of 64 new tokens on average
+        new_tokens=(48, 80),
+    )
+    sim.run(60.0)
+    tail = [d.utilization for d in sim.decisions(since=sim.now - 30.0)]
+    busy = sim.source.reading().busy_fraction
+    assert busy is not None and busy < 0.9
+    assert statistics.median(tail) < 0.5, tail
