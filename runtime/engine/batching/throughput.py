@@ -37,6 +37,7 @@ class _Observed:
     num_seqs: int
     features: tuple[float, float, float]  # tokens, sampled rows, attention pairs
     seconds: float  # the step's busy seconds
+    has_more: bool  # sequences ran on or waited after it: the next step follows at once
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,10 @@ class ThroughputUtilization:
             self._busy.add_busy(step.busy_seconds, end=now)
         with self._lock:
             self._num_observed += 1
-            seen = _Observed(now, step.limit_binds, step.num_seqs, cost.features, step.busy_seconds)
+            more = step.num_running + step.num_waiting > 0
+            seen = _Observed(
+                now, step.limit_binds, step.num_seqs, cost.features, step.busy_seconds, more
+            )
             self._window.append(seen)
             if step.num_seqs > 0:
                 self._recent.append(seen)
@@ -104,11 +108,16 @@ class ThroughputUtilization:
             steps = list(self._window)
             recent = list(self._recent)
         fit = self.model.fit()
-        busy = self._busy.fraction(now)
+        # busy time is recorded when a step ends: with work left after the last step, the time
+        # since is a step in flight, not idle, so the busy share is read up to that step's end
+        # (steps of 0.1 s would read ~5% low otherwise, and steps longer than the window 0)
+        last = recent[-1] if recent else None
+        in_flight = last is not None and last.has_more and now - last.ts < 10 * self.window_s
+        busy = self._busy.fraction(last.ts if in_flight and last is not None else now)
         binding = sum(s.binds for s in steps) / len(steps) if steps else 0.0
         share = None
-        if fit is not None and steps:
-            share = _share(fit, _same_size(recent, steps))
+        if fit is not None and recent and (steps or in_flight):
+            share = _share(fit, _same_size(recent, steps or recent[-1:]))
         u: float | None = None
         if fit is not None and busy is not None:  # an idle window delivers nothing: u = 0
             u = busy * share if share is not None else 0.0

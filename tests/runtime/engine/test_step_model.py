@@ -13,7 +13,15 @@ from runtime.engine.batching.warmup import WarmupPlan
 from runtime.engine.stats import StepStats
 
 
-def step(tokens: int, seconds: float, *, sampled: int | None = None, pairs: int = 0, binds=False):
+def step(
+    tokens: int,
+    seconds: float,
+    *,
+    sampled: int | None = None,
+    pairs: int = 0,
+    binds: bool = False,
+    running: int = 0,
+) -> StepStats:
     return StepStats(
         ts=0.0,
         step_id=1,
@@ -21,7 +29,7 @@ def step(tokens: int, seconds: float, *, sampled: int | None = None, pairs: int 
         num_prefill_tokens=0,
         num_decode_tokens=tokens,
         busy_seconds=seconds,
-        num_running=0,
+        num_running=running,
         num_waiting=0,
         batch_size_limit=64,
         num_sampled=sampled if sampled is not None else tokens,
@@ -185,3 +193,29 @@ def test_warmup_plan_spans_the_batch_range() -> None:
     assert WarmupPlan.for_max_batch(16).batch_sizes == (1, 4, 16)
     assert WarmupPlan.for_max_batch(100).batch_sizes == (1, 4, 16, 64, 100)
     assert WarmupPlan.for_max_batch(1).batch_sizes == (1,)
+
+
+def test_a_step_in_flight_is_busy_time_not_idle_time() -> None:
+    """Busy time is recorded when a step ends. A loaded machine: 1.5 s steps, a 1 s window that
+    often holds no step end. With sequences still running after the last step, the time since
+    is a step in flight: u reads the device busy (it read ~0 in bench.batching before)."""
+    clock = Clock()
+    source = ThroughputUtilization(StepTimeModel(skip_first=0), window_s=1.0, clock=clock)
+    for tokens in (1, 4, 16, 64):
+        clock.t += 1.0 + 0.01 * tokens
+        source.observe(step(tokens, 1.0 + 0.01 * tokens, running=tokens))
+    for _ in range(5):
+        clock.t += 1.64
+        source.observe(step(64, 1.64, running=64))
+    clock.t += 1.2  # the next step has run for 1.2 s
+    reading = source.reading()
+    assert reading.num_steps == 0
+    assert reading.busy_fraction == pytest.approx(1.0)
+    assert reading.utilization == pytest.approx(1.0, abs=0.02)  # 64 tokens is the best size
+    # the same with nothing left to run: the engine went idle after its last step
+    idle = ThroughputUtilization(StepTimeModel(skip_first=0), window_s=1.0, clock=clock)
+    for tokens in (1, 4, 16, 64):
+        clock.t += 1.0
+        idle.observe(step(tokens, 0.5 + 0.01 * tokens))
+    clock.t += 1.2
+    assert idle.reading().utilization == 0.0
