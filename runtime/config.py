@@ -23,7 +23,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from runtime.engine.batching.goals import BatchGoal, band_for
+from runtime.batch_goals import BatchGoal, band_for
 from runtime.errors import ConfigError
 
 DEFAULT_DEMO_MODEL_DIR = Path("demo-models/llama-tiny")
@@ -216,7 +216,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_band(self) -> Settings:
-        if self.batch_goal is not None:  # the goal names a band (runtime.engine.batching.goals)
+        if self.batch_goal is not None:  # the goal names a band (runtime.batch_goals)
             self.min_util, self.max_util = band_for(self.batch_goal)
         if self.min_util >= self.max_util:
             raise ValueError(f"min_util ({self.min_util}) must be below max_util ({self.max_util})")

@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict
 
-from runtime.engine.batching.goals import BatchGoal, band_for
+from runtime.batch_goals import BatchGoal, band_for
 from runtime.errors import ServiceUnavailable
 from runtime.server.auth import require_admin
 from runtime.server.errors import ErrorResponse
@@ -65,7 +65,7 @@ async def set_batch_policy(body: BatchPolicyRequest, request: Request) -> BatchP
 
 class BatchGoalRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    goal: BatchGoal  # latency | balanced | throughput (runtime.engine.batching.goals)
+    goal: BatchGoal  # latency | balanced | throughput (runtime.batch_goals)
 
 
 @router.post("/batch-goal", response_model=BatchPolicy)
