@@ -108,9 +108,9 @@ class Settings(BaseSettings):
         0.8,
         ge=0.0,
         le=1.0,
-        description="above this utilization the batch limit shrinks 10%; the default band keeps "
-        "steps short at some cost in peak throughput: raise it (e.g. 0.95) to favour throughput, "
-        "lower it to favour latency",
+        description="above this utilization the batch limit shrinks 10%; lower it to favour "
+        "latency. Raising it alone only stops shrinking: a reading inside the band holds, so to "
+        "favour throughput raise min_util too, or use batch_goal throughput (band 0.9-1.0)",
     )
     batch_goal: BatchGoal | None = Field(
         None,

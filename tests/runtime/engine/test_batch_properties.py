@@ -179,10 +179,15 @@ def test_6_the_trade_off_is_documented_where_operators_look() -> None:
     root = Path(__file__).resolve().parents[3]
     help_text = Settings.model_fields["max_util"].description or ""
     assert "throughput" in help_text and "latency" in help_text
+    # max_util alone does not buy throughput (u inside the band holds): the help says so
+    assert "batch_goal throughput" in help_text and "min_util" in help_text
+    goal_help = Settings.model_fields["batch_goal"].description or ""
+    assert all(goal in goal_help for goal in ("latency", "balanced", "throughput"))
     batching = (root / "docs/batching.md").read_text()
     runbooks = (root / "docs/runbooks.md").read_text()
+    assert "`max_util` alone sets only the upper edge" in batching
     for text in (batching, runbooks):
-        assert "raising `max_util` favours throughput" in text
+        assert "batch_goal: throughput" in text
     assert "flat" in runbooks.split("## FastllmDeviceUtilizationLow")[1].split("\n## ")[0]
 
 
