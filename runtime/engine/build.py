@@ -108,7 +108,7 @@ def build_parts(
         core,
     )
     if config.batch_warmup and loaded.is_causal_lm:  # seeds the step-time model (see warmup)
-        plan = WarmupPlan.for_max_batch(controller.config.max_batch)
+        plan = WarmupPlan.for_engine(controller.config.max_batch)
         run_warmup(core, loaded.tokenizer, plan, args.vocab_size)
     if config.debug_leak_blocks_per_request > 0:
         core.on_close = _debug_leaker(parts, config.debug_leak_blocks_per_request)

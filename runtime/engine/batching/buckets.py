@@ -1,12 +1,13 @@
 """One bucket of the step-time model: the steps of about one size, as a few running numbers.
 
-A bucket keeps two things of the steps that fell into it (a half-octave of the token count):
+A bucket keeps two things of the steps that fell into it (a half-octave of the batch, in sampled
+rows):
 - the running mean of their work and wall time (the last ~`memory` steps): one measured point of
   the step-time curve, a knot, at the bucket's current mix;
 - the exponentially weighted covariance of work and time over a longer memory: within one bucket
-  the token count is about fixed, so what still moves the time there is the mix (sampled rows,
+  the batch is about fixed, so what still moves the time there is the mix (prefill tokens joining,
   attention pairs as the context grows). Pooled over buckets these covariances give the marginal
-  cost of a sampled row and of an attention pair, whatever the shape of the curve over tokens
+  cost of a token and of an attention pair, whatever the shape of the curve over the batch
   (a "within" regression: each bucket's own level is taken out, so a saturating T(tokens) does
   not leak into the mix slopes).
 

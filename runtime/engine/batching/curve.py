@@ -1,15 +1,17 @@
 """The step-time curve the model fits, and the saturation share read off it.
 
-A device's step time against the tokens in a step is not affine: a CPU's or a GPU's GEMMs cost
-about the same for 1 to n* rows (reading the weights dominates), then grow about linearly (the
-arithmetic dominates): T(n) ~ max(t0, c*n), with a soft knee. An affine fit a + b*n through such
-points puts `a` near t0 and `b` well below c, so its saturation throughput 1/b is far above what
-any batch delivers, and 1 - a/T reads ~0.5 at the very batch that saturates the device (issue 28).
-So the curve here is the measured one: one knot per bucket (the mean work and time of its steps),
-linear between knots, and the saturation throughput is the best throughput any knot delivers,
-measured, not extrapolated. Knots measured at another mix (the warm-up's short prompts, a context
-that has grown since) are first moved to the queried mix with the within-bucket marginal costs of
-a sampled row and of an attention pair (runtime.engine.batching.buckets).
+A device's step time against the batch is not affine: a CPU's or a GPU's GEMMs cost about the
+same for 1 to n* rows (reading the weights dominates), then grow about linearly (the arithmetic
+dominates): T(n) ~ max(t0, c*n), with a soft knee. An affine fit a + b*n through such points puts
+`a` near t0 and `b` well below c, so its saturation throughput 1/b is far above what any batch
+delivers, and 1 - a/T reads ~0.5 at the very batch that saturates the device (issue 28). So the
+curve here is the measured one: one knot per bucket of the batch (sampled rows: the sequences a
+step advances, what the controller limits and what tokens/s counts), linear between knots, and the
+saturation throughput is the best throughput any knot delivers, measured, not extrapolated, among
+knots of a few steps at least. Knots measured at another mix (the warm-up's short prompts, more or
+fewer prefill tokens per sequence, a context that has grown since) are first moved to the queried
+mix with the within-bucket marginal costs of a token and of an attention pair
+(runtime.engine.batching.buckets).
 """
 
 from __future__ import annotations
@@ -25,56 +27,88 @@ class Knot:
     features: Features  # mean work of the bucket's recent steps
     seconds: float  # their mean wall time
     count: int  # steps observed in the bucket
+    # the marginal costs of a token and of an attention pair at this batch: the bucket's own
+    # within slopes once it has seen enough steps, the pooled ones before (a token costs ~0 in
+    # the flat part of the curve and its full share past the knee: one slope cannot say both)
+    token_seconds: float
+    pair_seconds: float
+    bucket: int = 0  # StepTimeModel.bucket_of of its batch
 
 
 @dataclass(frozen=True)
 class StepTimeFit:
-    knots: tuple[Knot, ...]  # sorted by token count
-    row_seconds: float  # marginal cost of a sampled row (lm_head, sampler) at fixed tokens
-    pair_seconds: float  # marginal cost of an attention pair at fixed tokens
+    knots: tuple[Knot, ...]  # sorted by sampled rows
+    token_seconds: float  # pooled marginal cost of a token (prefill chunk row) at a fixed batch
+    pair_seconds: float  # pooled marginal cost of an attention pair at a fixed batch
     num_buckets: int
-    token_spread: float  # largest / smallest mean token count among the knots
+    row_spread: float  # largest / smallest mean batch (sampled rows) among the knots
+    min_count: int = 3  # steps a knot needs to stand for the saturation throughput
+    max_extrapolation: float = 4.0  # the flat-tail extrapolation's bound, x the measured best
 
     def _curve(self, features: Features) -> tuple[list[float], list[float]]:
-        """The knots' (tokens, seconds) moved to the per-token mix of `features`, with the seconds
-        made non-decreasing in tokens (a step never gets faster with more work)."""
-        tokens = max(features[0], 1e-9)
-        rows_per_token, pairs_per_token = features[1] / tokens, features[2] / tokens
-        xs, ys, floor = [], [], 0.0
+        """The knots' (rows, seconds) moved to the per-row mix of `features`."""
+        rows = max(features[1], 1e-9)
+        tokens_per_row, pairs_per_row = features[0] / rows, features[2] / rows
+        xs, ys = [], []
         for knot in self.knots:
-            tok, rows, pairs = knot.features
+            tok, num_rows, pairs = knot.features
             moved = (
                 knot.seconds
-                + self.row_seconds * (rows_per_token * tok - rows)
-                + self.pair_seconds * (pairs_per_token * tok - pairs)
+                + knot.token_seconds * (tokens_per_row * num_rows - tok)
+                + knot.pair_seconds * (pairs_per_row * num_rows - pairs)
             )
             # a correction larger than the step itself is a bad slope, not physics: keep a floor
-            floor = max(floor, moved, 0.25 * knot.seconds)
-            xs.append(tok)
-            ys.append(floor)
+            xs.append(num_rows)
+            ys.append(max(moved, 0.25 * knot.seconds))
         return xs, ys
 
     def predict(self, features: Features) -> float:
-        """Step seconds at this work: linear between knots; below the smallest knot flat (a step
-        costs at least that much); past the largest, at the largest knot's throughput."""
+        """Step seconds at this work: linear in the batch between knots; below the smallest knot
+        flat (a step costs at least that much); past the largest, at the largest's throughput."""
         xs, ys = self._curve(features)
-        tokens = features[0]
-        if tokens <= xs[0]:
+        rows = features[1]
+        if rows <= xs[0]:
             return ys[0]
-        if tokens >= xs[-1]:
-            return ys[-1] * tokens / xs[-1]
-        i = bisect.bisect_right(xs, tokens)
+        if rows >= xs[-1]:
+            return ys[-1] * rows / xs[-1]
+        i = bisect.bisect_right(xs, rows)
         x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-        return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0) if x1 > x0 else y1
+        return y0 + (y1 - y0) * (rows - x0) / (x1 - x0) if x1 > x0 else y1
 
-    def saturation_tokens_per_s(self, features: Features) -> float:
-        """The best throughput any measured step size delivers at this mix."""
+    def saturation_rows_per_s(self, features: Features) -> float:
+        """The saturation throughput (sequences advanced per second) at this mix: the best any
+        well-measured batch delivers (knots of at least `min_count` steps when there are any: one
+        step measured while another process paused is no saturation throughput), or more where
+        the curve is still flat at the largest batches measured. Past the last two knots the
+        step time is taken as their line, whose throughput tends to 1/slope: ~the measured best
+        on a device past its knee (T ~ c*n), far above it on one whose step time is still flat
+        at the cap (then u reads low there: the cap, not the device, limits the batch). Half the
+        line's limit counts, bounded at `max_extrapolation` x the measured best."""
         xs, ys = self._curve(features)
-        return max(x / y for x, y in zip(xs, ys, strict=True))
+        trusted = [i for i, k in enumerate(self.knots) if k.count >= self.min_count]
+        use = trusted or list(range(len(xs)))
+        best = max(xs[i] / ys[i] for i in use)
+        if len(use) >= 2:
+            i, j = use[-2], use[-1]
+            slope = (ys[j] - ys[i]) / (xs[j] - xs[i]) if xs[j] > xs[i] else 0.0
+            tail = 1.0 / slope if slope > 0 else float("inf")
+            # a line across a soft knee overshoots (the affine fit's error): only a tail at
+            # least twice the measured best says "still flat", and only the excess counts
+            best = max(best, min(tail / 2.0, self.max_extrapolation * best))
+        return best
+
+    def share_of_bucket(self, bucket: int) -> float | None:
+        """The share a bucket's own recent steps deliver, at their own mix (their knot moves by
+        nothing, so a bucket that is the best reads exactly 1); None if the bucket is empty."""
+        for knot in self.knots:
+            if knot.bucket == bucket:
+                rows = knot.features[1] / knot.seconds
+                return min(1.0, rows / self.saturation_rows_per_s(knot.features))
+        return None
 
     def saturation_share(self, features: Features) -> float:
         """Throughput of a step with this work / the best throughput at the same mix, in [0, 1]."""
         seconds = self.predict(features)
-        if seconds <= 0 or features[0] <= 0:
+        if seconds <= 0 or features[1] <= 0:
             return 0.0
-        return min(1.0, max(0.0, features[0] / seconds / self.saturation_tokens_per_s(features)))
+        return min(1.0, max(0.0, features[1] / seconds / self.saturation_rows_per_s(features)))

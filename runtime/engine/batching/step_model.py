@@ -1,16 +1,18 @@
 """An online model of an engine step's wall time against the work in it, and its saturation share.
 
-Each step's work is its tokens (rows through the layers: prefill chunks and decodes alike), its
-sampled rows (through the lm_head and the sampler) and its attention pairs (a decode at context L
-adds L). Steps are kept per half-octave bucket of the token count (runtime.engine.batching.buckets):
-a running mean of work and time per bucket is one measured knot of the curve T(tokens), and the
-buckets' within-bucket covariances give the marginal costs of a sampled row and of an attention
-pair, so the prefill/decode mix and the context length move T by what they cost.
+Each step's work is its sampled rows (the sequences it advances: the batch), its tokens (rows
+through the layers: prefill chunks and decodes alike) and its attention pairs (a decode at context
+L adds L). Steps are kept per half-octave bucket of the batch (runtime.engine.batching.buckets): a
+running mean of work and time per bucket is one measured knot of the curve T(batch), and the
+buckets' within-bucket covariances give the marginal costs of a token and of an attention pair,
+so the prefill/decode mix and the context length move T by what they cost.
 
 The share of saturation throughput a step delivers is its throughput over the best throughput any
-measured step size delivers at the same mix (runtime.engine.batching.curve): ~1 at the batch that
+measured batch delivers at the same mix (runtime.engine.batching.curve): ~1 at the batch that
 saturates the device, whatever the curve's shape. (An affine fit a + b*tokens, and its share
-1 - a/T, read ~0.5 there on a device whose step time is flat and then linear: issue 28.)
+1 - a/T, read ~0.5 there on a device whose step time is flat and then linear: issue 28.) Prefill
+tokens and decode tokens are not the same work (a decode row also pays the lm_head, the sampler
+and its own attention), so the throughput counted is sequences advanced, as tokens/s is measured.
 
 A few dozen numbers stand for any number of steps; the curve is rebuilt only when a step came
 since, at most once per read. Buckets outside the current batch size keep what the warm-up sweep
@@ -59,19 +61,21 @@ class StepTimeModel:
         self,
         *,
         min_buckets: int = 2,
-        min_token_spread: float = 2.0,
+        min_row_spread: float = 2.0,
         memory: int = 32,
         moment_memory: int = 512,
         outlier_factor: float = 3.0,
         skip_first: int = 1,
+        own_slopes_after: int = 64,
     ) -> None:
         self.min_buckets = min_buckets  # fewer distinct sizes seen: no fit (the controller holds)
-        self.min_token_spread = min_token_spread  # nor when the sizes seen are too close
+        self.min_row_spread = min_row_spread  # nor when the sizes seen are too close
         self.memory = memory  # a knot follows its bucket's last ~memory steps
         self.moment_memory = moment_memory  # the mix slopes follow the last ~this many per bucket
         self.outlier_factor = outlier_factor  # a step slower than this x its bucket mean: clipped
         # a process's first forward pays one-off costs (lazy init, heap growth, kernel choice)
         self.skip_first = skip_first
+        self.own_slopes_after = own_slopes_after  # steps before a bucket's own mix slopes are used
         self._buckets: dict[int, Bucket] = {}
         self._lock = threading.Lock()
         self._fit: StepTimeFit | None = None
@@ -79,17 +83,19 @@ class StepTimeModel:
         self.num_observed = 0
 
     @staticmethod
-    def bucket_of(num_tokens: int) -> int:
-        return round(2 * math.log2(num_tokens))
+    def bucket_of(num_sampled: int) -> int:
+        return round(2 * math.log2(num_sampled))
 
     def observe(self, cost: StepCost, seconds: float) -> None:
-        if cost.num_tokens <= 0 or not seconds > 0:
+        # a step that samples nothing (a chunk of a long prompt) advances no sequence: its time
+        # still counts in the measured throughput (throughput.py), not as a knot
+        if cost.num_sampled <= 0 or not seconds > 0:
             return
         with self._lock:
             if self.skip_first > 0:
                 self.skip_first -= 1
                 return
-            bucket = self._buckets.setdefault(self.bucket_of(cost.num_tokens), Bucket())
+            bucket = self._buckets.setdefault(self.bucket_of(cost.num_sampled), Bucket())
             if bucket.count >= 4:  # one step preempted by another process must not move the fit
                 seconds = min(seconds, self.outlier_factor * bucket.seconds)
             bucket.add(cost.features, seconds, self.memory, self.moment_memory)
@@ -104,11 +110,12 @@ class StepTimeModel:
             return self._fit
 
     def _refit(self) -> StepTimeFit | None:
-        buckets = sorted((b for b in self._buckets.values() if b.count > 0), key=_tokens)
+        ids = {id(b): key for key, b in self._buckets.items()}
+        buckets = sorted((b for b in self._buckets.values() if b.count > 0), key=_rows)
         if len(buckets) < self.min_buckets:
             return None
-        spread = _tokens(buckets[-1]) / _tokens(buckets[0])
-        if spread < self.min_token_spread:
+        spread = _rows(buckets[-1]) / _rows(buckets[0])
+        if spread < self.min_row_spread:
             return None
         # pooled within-bucket covariances: the mix slopes with each bucket's level taken out
         cov_xx = [[0.0] * FEATURES for _ in range(FEATURES)]
@@ -120,17 +127,21 @@ class StepTimeModel:
                 for k in range(FEATURES):
                     cov_xx[i][k] += w * b.cov_xx[i][k]
         slopes = fit_within(cov_xx, cov_xy)
+        knots = []
+        for b in buckets:
+            own = fit_within(b.cov_xx, b.cov_xy) if b.count >= self.own_slopes_after else slopes
+            knots.append(Knot(_features(b), b.seconds, b.count, own[0], own[2], ids[id(b)]))
         return StepTimeFit(
-            knots=tuple(Knot(_features(b), b.seconds, b.count) for b in buckets),
-            row_seconds=slopes[1],
+            knots=tuple(knots),
+            token_seconds=slopes[0],
             pair_seconds=slopes[2],
             num_buckets=len(buckets),
-            token_spread=spread,
+            row_spread=spread,
         )
 
 
-def _tokens(bucket: Bucket) -> float:
-    return bucket.features[0]
+def _rows(bucket: Bucket) -> float:
+    return bucket.features[1]
 
 
 def _features(bucket: Bucket) -> tuple[float, float, float]:

@@ -1,11 +1,12 @@
 """The batch controller's input: the share of the device's saturation throughput being delivered.
 
-    u = busy fraction x (tokens/s of the window's steps ÷ the best tokens/s at their mix)
+    u = busy fraction x (throughput of the recent steps ÷ the best throughput at their mix)
 
-over the trailing control window. The numerator is measured: the window's tokens over the seconds
-its steps took. The denominator is the step-time model's (runtime.engine.batching.step_model):
-the best throughput any step size delivered, moved to the window's mix (sampled rows and attention
-pairs per token). So u is ~1 at the batch that saturates the device and lower by as much as a
+over the trailing control window, throughput counted in sequences advanced per second (generated
+tokens/s). The numerator is measured: the recent steps' sampled rows over the seconds they took.
+The denominator is the step-time model's (runtime.engine.batching.step_model): the best
+throughput any batch size delivered, moved to the recent mix (tokens and attention pairs per
+sequence). So u is ~1 at the batch that saturates the device and lower by as much as a
 batch delivers less, whatever the shape of the step-time curve. Duty cycles alone (the busy
 fraction, NVML `utilization.gpu`) read ~1 under any backlog whatever the batch, so shrinking cannot
 lower them and a controller fed with them ratchets down to `min_num_seqs`; the share rises with
@@ -46,7 +47,7 @@ class ThroughputReading:
 
     utilization: float | None  # u, the controller's input and fastllm_device_utilization_ratio
     busy_fraction: float | None  # share of the window spent in execute()
-    saturation_share: float | None  # window tokens/s ÷ the model's best tokens/s at that mix
+    saturation_share: float | None  # recent rows/s ÷ the model's best rows/s at that mix
     num_steps: int  # steps that ended in the window
     binding_fraction: float  # share of them at which the limit held requests back
     num_seqs: int | None  # sequences in the window's latest step
@@ -117,7 +118,12 @@ class ThroughputUtilization:
         binding = sum(s.binds for s in steps) / len(steps) if steps else 0.0
         share = None
         if fit is not None and recent and (steps or in_flight):
-            share = _share(fit, _same_size(recent, steps or recent[-1:]))
+            # the share of the bucket at the window's batch: its recent steps, at their own mix
+            window = [s for s in steps or recent[-1:] if s.features[1] > 0] or recent[-1:]
+            batch = sum(s.features[1] for s in window) / len(window)
+            share = fit.share_of_bucket(StepTimeModel.bucket_of(max(1, round(batch))))
+            if share is None:  # no step of that size measured yet: the recent steps
+                share = _share(fit, _same_size(recent, window))
         u: float | None = None
         if fit is not None and busy is not None:  # an idle window delivers nothing: u = 0
             u = busy * share if share is not None else 0.0
@@ -157,7 +163,7 @@ def _share(fit: StepTimeFit, steps: list[_Observed]) -> float | None:
         sum(s.features[1] for s in steps),
         sum(s.features[2] for s in steps),
     )
-    if seconds <= 0 or work[0] <= 0:
+    if seconds <= 0 or work[1] <= 0:
         return None
-    # the saturation rate depends on the mix only (per-token ratios), not on the total
-    return min(1.0, work[0] / seconds / fit.saturation_tokens_per_s(work))
+    # the saturation rate depends on the mix only (per-sequence ratios), not on the total
+    return min(1.0, work[1] / seconds / fit.saturation_rows_per_s(work))

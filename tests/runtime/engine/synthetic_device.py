@@ -113,7 +113,7 @@ class SimulatedEngine:
 
     def _warm_up(self) -> None:
         """The engine's load-time sweep: the same plan, through the device, before any load."""
-        plan = WarmupPlan.for_max_batch(self.config.max_batch)
+        plan = WarmupPlan.for_engine(self.config.max_batch)
         for size in plan.batch_sizes:
             self._observe(size * plan.prompt_tokens, size, size * plan.prompt_tokens, size, False)
             for k in range(plan.new_tokens - 1):

@@ -45,9 +45,11 @@ def test_1_u_rises_with_the_limit_under_a_saturating_load() -> None:
         sim.run(12.0)
         medians.append(statistics.median(d.utilization for d in steady(sim, 6.0)))
         steps = [s for s in sim.steps if s.ts > sim.now - 6.0]
-        tokens = statistics.fmean(s.num_decode_tokens for s in steps)
+        rows = sum(s.num_sampled for s in steps)
+        per_seq = (sum(s.num_decode_tokens for s in steps) / rows, 1.0, 0.0)
         busy = sum(s.busy_seconds for s in steps) / 6.0
-        truths.append(busy * AFFINE.saturation_share(tokens, 0, 0))
+        # the truth: tokens/s at this limit ÷ at the best limit (64), for the same work
+        truths.append(busy * AFFINE.true_ratio(per_seq, limit, 64))
     assert all(b > a for a, b in itertools.pairwise(medians)), medians
     assert medians[0] < 0.2 and medians[-1] > 0.9
     for got, want in zip(medians, truths, strict=True):  # and it is what it claims to be

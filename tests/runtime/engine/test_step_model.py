@@ -119,14 +119,30 @@ def test_no_fit_without_enough_spread() -> None:
 def test_slopes_are_never_negative_and_first_step_is_skipped() -> None:
     model = StepTimeModel()  # skip_first=1: a cold first forward
     model.observe(StepCost(1, 1, 0), 5.0)
-    for tokens in (1, 4, 16, 64):
+    for rows in (1, 4, 16, 64):
         for k in range(5):
-            # more sampled rows made steps *faster* here: noise, never physics
-            rows = 64 - tokens + k
-            model.observe(StepCost(tokens, rows, 0), 0.01 + 0.001 * tokens - 1e-5 * rows)
+            # more prefill tokens made steps *faster* here: noise, never physics
+            tokens = rows + 8 * k
+            model.observe(StepCost(tokens, rows, 0), 0.01 + 0.001 * rows - 1e-5 * tokens)
     fit = model.fit()
-    assert fit is not None and fit.row_seconds >= 0.0 and fit.pair_seconds >= 0.0
-    assert fit.knots[0].seconds == pytest.approx(0.01, rel=0.05)  # the 5 s step was not used
+    assert fit is not None and fit.token_seconds >= 0.0 and fit.pair_seconds >= 0.0
+    # the knot is the mean of its five steps: the 5 s step was not used
+    assert fit.knots[0].seconds == pytest.approx(0.011 - 1e-5 * 17, rel=0.01)
+
+
+def test_prefill_tokens_are_costed_within_a_batch_size() -> None:
+    """Steps of one batch with and without prompts joining: the knot moves to the queried mix."""
+    model = StepTimeModel(skip_first=0)
+    rng = random.Random(3)
+    for _ in range(3000):
+        rows = rng.choice([1, 4, 16, 32, 64])
+        tokens = rows + 40 * rng.choice([0, 0, 0, 1, 2])  # decode, or prompts of 40 joining
+        model.observe(StepCost(tokens, rows, 0), saturating(tokens, rows, 0))
+    fit = model.fit()
+    assert fit is not None and fit.token_seconds > 0
+    for rows in (1, 16, 64):
+        decode = (float(rows), float(rows), 0.0)
+        assert fit.predict(decode) == pytest.approx(saturating(*decode), rel=0.1), rows
 
 
 def test_a_bucket_moves_only_with_steps_of_its_size() -> None:
@@ -169,8 +185,9 @@ def test_signal_is_busy_fraction_times_saturation_share() -> None:
     source = ThroughputUtilization(StepTimeModel(skip_first=0), window_s=1.0, clock=clock)
     assert source.read() is None  # no model yet: no data
     for tokens in (1, 4, 16, 64):
-        clock.t += 0.1
-        source.observe(step(tokens, 0.01 + 0.001 * tokens))
+        for _ in range(3):  # a knot stands for the saturation throughput from 3 steps on
+            clock.t += 0.1
+            source.observe(step(tokens, 0.01 + 0.001 * tokens))
     clock.t = 10.0  # a quiet second later: idle window, the model stays
     reading = source.reading()
     assert reading.utilization == 0.0 and reading.num_steps == 0
