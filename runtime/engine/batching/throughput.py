@@ -1,16 +1,16 @@
 """The batch controller's input: the share of the device's saturation throughput being delivered.
 
-    u = busy fraction x (throughput of the recent steps ÷ the best throughput at their mix)
+    u = busy fraction x (throughput at the window's batch ÷ the best throughput at its mix)
 
 over the trailing control window, throughput counted in sequences advanced per second (generated
-tokens/s). The numerator is measured: the recent steps' sampled rows over the seconds they took.
-The denominator is the step-time model's (runtime.engine.batching.step_model): the best
-throughput any batch size delivered, moved to the recent mix (tokens and attention pairs per
-sequence). So u is ~1 at the batch that saturates the device and lower by as much as a
-batch delivers less, whatever the shape of the step-time curve. Duty cycles alone (the busy
-fraction, NVML `utilization.gpu`) read ~1 under any backlog whatever the batch, so shrinking cannot
-lower them and a controller fed with them ratchets down to `min_num_seqs`; the share rises with
-the batch up to the knee, so the law settles where a bigger batch buys little throughput.
+tokens/s). Both come from the step-time model (runtime.engine.batching.step_model): the
+throughput of the bucket at the window's batch size (the mean of its last ~32 steps, at their own
+mix: measured) over the best throughput any batch delivered, moved to that mix. So u is ~1 at the
+batch that saturates the device and lower by as much as a batch delivers less, whatever the shape
+of the step-time curve. Duty cycles alone (the busy fraction, NVML `utilization.gpu`) read ~1
+under any backlog whatever the batch, so shrinking cannot lower them and a controller fed with
+them ratchets down to `min_num_seqs`; the share rises with the batch up to the knee, so the law
+settles where a bigger batch buys little throughput.
 
 The window also says whether the limit binds: a step binds when, at schedule time, requests were
 left waiting with the batch at the limit (`StepStats.limit_binds`). While fewer than half of the
@@ -47,7 +47,7 @@ class ThroughputReading:
 
     utilization: float | None  # u, the controller's input and fastllm_device_utilization_ratio
     busy_fraction: float | None  # share of the window spent in execute()
-    saturation_share: float | None  # recent rows/s ÷ the model's best rows/s at that mix
+    saturation_share: float | None  # the window's bucket's rows/s ÷ the best at its mix
     num_steps: int  # steps that ended in the window
     binding_fraction: float  # share of them at which the limit held requests back
     num_seqs: int | None  # sequences in the window's latest step
@@ -66,7 +66,7 @@ class ThroughputUtilization:
         busy: BusyTracker | None = None,
         clock: Callable[[], float] = time.monotonic,
         binding_share: float = 0.5,
-        mix_steps: int = 64,
+        recent_steps: int = 64,
     ) -> None:
         self.model = model or StepTimeModel()
         self.window_s = window_s
@@ -75,7 +75,7 @@ class ThroughputUtilization:
         self._own_busy = busy is None
         self._busy = busy if busy is not None else BusyTracker(window_s, clock=clock)
         self._window: deque[_Observed] = deque()
-        self._recent: deque[_Observed] = deque(maxlen=mix_steps)  # the throughput's steps
+        self._recent: deque[_Observed] = deque(maxlen=recent_steps)  # the last steps that ran
         self._lock = threading.Lock()
         self._num_observed = 0
         self._last: tuple[int, ThroughputReading] | None = None  # for demand() right after read()
@@ -117,16 +117,20 @@ class ThroughputUtilization:
         busy = self._busy.fraction(last.ts if in_flight and last is not None else now)
         binding = sum(s.binds for s in steps) / len(steps) if steps else 0.0
         share = None
-        if fit is not None and recent and (steps or in_flight):
+        working = bool(recent) and (bool(steps) or in_flight)
+        if fit is not None and working:
             # the share of the bucket at the window's batch: its recent steps, at their own mix
+            # (None while it has too few steps to say: the first step of a new size may be one
+            # big prefill, and the controller holds rather than act on it)
             window = [s for s in steps or recent[-1:] if s.features[1] > 0] or recent[-1:]
             batch = sum(s.features[1] for s in window) / len(window)
             share = fit.share_of_bucket(StepTimeModel.bucket_of(max(1, round(batch))))
-            if share is None:  # no step of that size measured yet: the recent steps
-                share = _share(fit, _same_size(recent, window))
         u: float | None = None
-        if fit is not None and busy is not None:  # an idle window delivers nothing: u = 0
-            u = busy * share if share is not None else 0.0
+        if fit is not None and busy is not None:
+            if not working:  # an idle window delivers nothing: u = 0
+                u = 0.0
+            elif share is not None:
+                u = busy * share
         num_seqs = steps[-1].num_seqs if steps else None
         return ThroughputReading(u, busy, share, len(steps), binding, num_seqs, fit)
 
@@ -146,24 +150,3 @@ class ThroughputUtilization:
         reading = last[1] if fresh and last is not None else self.reading()
         binds = reading.num_steps > 0 and reading.binding_fraction >= self.binding_share
         return Demand(limit_binds=binds, num_seqs=reading.num_seqs)
-
-
-def _same_size(recent: list[_Observed], window: list[_Observed]) -> list[_Observed]:
-    """The recent steps at about the window's batch size: the throughput then follows a change of
-    batch size at once, and the prefill/decode mix over up to `mix_steps` steps, not with
-    whichever prefill burst landed in a one-second window."""
-    batch = sum(s.num_seqs for s in window) / len(window)
-    return [s for s in recent if 0.8 * batch <= s.num_seqs <= 1.25 * batch] or window
-
-
-def _share(fit: StepTimeFit, steps: list[_Observed]) -> float | None:
-    seconds = sum(s.seconds for s in steps)
-    work = (
-        sum(s.features[0] for s in steps),
-        sum(s.features[1] for s in steps),
-        sum(s.features[2] for s in steps),
-    )
-    if seconds <= 0 or work[1] <= 0:
-        return None
-    # the saturation rate depends on the mix only (per-sequence ratios), not on the total
-    return min(1.0, work[1] / seconds / fit.saturation_rows_per_s(work))
