@@ -116,6 +116,8 @@ def run(args: argparse.Namespace, model: Path) -> dict[str, Any]:
     if args.limits:
         limits = tuple(int(x) for x in args.limits.split(","))
     pin_s, adapt_s, poisson_s, warm_s = (20, 40, 30, 8) if args.quick else (40, 90, 90, 15)
+    if args.short:  # both loads, shorter windows: a shared machine's budget
+        pin_s, adapt_s, warm_s = 24, 50, 8
     name = model.name
     report: dict[str, Any] = {"quick": args.quick, "device": args.device, "loads": list(loads)}
 
@@ -224,6 +226,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--limits", default=None, help="pinned limits, e.g. 4,8,16,32,64")
     parser.add_argument("--no-poisson", action="store_true", help="skip the open-loop phase")
+    parser.add_argument("--short", action="store_true", help="both loads, shorter windows")
     args = parser.parse_args(argv)
     from bench.http import ensure_model
 

@@ -21,9 +21,11 @@ FEATURES = 3  # tokens, sampled rows, attention pairs (StepCost.features)
 
 
 class Bucket:
-    __slots__ = ("count", "cov_xx", "cov_xy", "features", "mean_x", "mean_y", "seconds")
+    __slots__ = ("count", "cov_xx", "cov_xy", "features", "is_warm", "mean_x", "mean_y", "seconds")
 
-    def __init__(self) -> None:
+    def __init__(self, *, skip_first: bool = True) -> None:
+        # the first step of a new batch shape pays one-off costs: skipped
+        self.is_warm = not skip_first
         self.count = 0
         self.features = [0.0] * FEATURES  # running mean of the work (the knot)
         self.seconds = 0.0  # running mean of the wall time (the knot)
@@ -33,6 +35,9 @@ class Bucket:
         self.cov_xy = [0.0] * FEATURES
 
     def add(self, x: tuple[float, ...], seconds: float, memory: int, moment_memory: int) -> None:
+        if not self.is_warm:  # (allocations, kernel choice: on CPU several times a warm step)
+            self.is_warm = True
+            return
         self.count += 1
         alpha = 1.0 / min(self.count, memory)
         for i in range(FEATURES):

@@ -67,6 +67,7 @@ class StepTimeModel:
         outlier_factor: float = 3.0,
         skip_first: int = 1,
         own_slopes_after: int = 64,
+        skip_first_per_size: bool = True,
     ) -> None:
         self.min_buckets = min_buckets  # fewer distinct sizes seen: no fit (the controller holds)
         self.min_row_spread = min_row_spread  # nor when the sizes seen are too close
@@ -76,6 +77,9 @@ class StepTimeModel:
         # a process's first forward pays one-off costs (lazy init, heap growth, kernel choice)
         self.skip_first = skip_first
         self.own_slopes_after = own_slopes_after  # steps before a bucket's own mix slopes are used
+        # and each batch size's first step (allocations, kernel choice: on CPU several times a
+        # warm step; the warm-up would otherwise seed the big sizes with cold steps)
+        self.skip_first_per_size = skip_first_per_size
         self._buckets: dict[int, Bucket] = {}
         self._lock = threading.Lock()
         self._fit: StepTimeFit | None = None
@@ -95,7 +99,10 @@ class StepTimeModel:
             if self.skip_first > 0:
                 self.skip_first -= 1
                 return
-            bucket = self._buckets.setdefault(self.bucket_of(cost.num_sampled), Bucket())
+            key = self.bucket_of(cost.num_sampled)
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                bucket = self._buckets[key] = Bucket(skip_first=self.skip_first_per_size)
             if bucket.count >= 4:  # one step preempted by another process must not move the fit
                 seconds = min(seconds, self.outlier_factor * bucket.seconds)
             bucket.add(cost.features, seconds, self.memory, self.moment_memory)

@@ -48,7 +48,7 @@ def saturating(tokens: float, rows: float, pairs: float) -> float:
 
 
 def test_curve_goes_through_the_measured_knots_and_the_context_term_is_recovered() -> None:
-    model = StepTimeModel(skip_first=0)
+    model = StepTimeModel(skip_first=0, skip_first_per_size=False)
     rng = random.Random(0)
     for _ in range(3000):
         tokens = rng.choice([1, 2, 4, 8, 16, 32, 64, 200])
@@ -71,7 +71,7 @@ def test_curve_goes_through_the_measured_knots_and_the_context_term_is_recovered
 
 def test_saturation_share_is_the_throughput_ratio_to_the_best_size_on_a_saturating_curve() -> None:
     """The affine fit read ~0.5 at the size that saturates such a device (issue 28)."""
-    model = StepTimeModel(skip_first=0)
+    model = StepTimeModel(skip_first=0, skip_first_per_size=False)
     rng = random.Random(2)
     sizes = [1, 4, 8, 16, 24, 32, 48, 64]
     for _ in range(4000):
@@ -89,7 +89,7 @@ def test_saturation_share_is_the_throughput_ratio_to_the_best_size_on_a_saturati
 
 
 def test_fit_under_relative_noise_and_outliers() -> None:
-    model = StepTimeModel(skip_first=0)
+    model = StepTimeModel(skip_first=0, skip_first_per_size=False)
     rng = random.Random(1)
     for i in range(3000):
         tokens = rng.choice([1, 4, 16, 64, 256])
@@ -104,7 +104,7 @@ def test_fit_under_relative_noise_and_outliers() -> None:
 
 
 def test_no_fit_without_enough_spread() -> None:
-    model = StepTimeModel(skip_first=0)
+    model = StepTimeModel(skip_first=0, skip_first_per_size=False)
     assert model.fit() is None
     for _ in range(50):
         model.observe(StepCost(8, 8, 0), 0.02)
@@ -132,7 +132,7 @@ def test_slopes_are_never_negative_and_first_step_is_skipped() -> None:
 
 def test_prefill_tokens_are_costed_within_a_batch_size() -> None:
     """Steps of one batch with and without prompts joining: the knot moves to the queried mix."""
-    model = StepTimeModel(skip_first=0)
+    model = StepTimeModel(skip_first=0, skip_first_per_size=False)
     rng = random.Random(3)
     for _ in range(3000):
         rows = rng.choice([1, 4, 16, 32, 64])
@@ -147,7 +147,7 @@ def test_prefill_tokens_are_costed_within_a_batch_size() -> None:
 
 def test_a_bucket_moves_only_with_steps_of_its_size() -> None:
     """Hours at one size leave the other knots where they were measured (no drift)."""
-    model = StepTimeModel(skip_first=0)
+    model = StepTimeModel(skip_first=0, skip_first_per_size=False)
     for tokens in (1, 4, 16, 64):
         model.observe(StepCost(tokens, tokens, 0), saturating(tokens, tokens, 0))
     before = model.fit()
@@ -182,7 +182,7 @@ class Clock:
 
 def test_signal_is_busy_fraction_times_saturation_share() -> None:
     clock = Clock()
-    source = ThroughputUtilization(StepTimeModel(skip_first=0), window_s=1.0, clock=clock)
+    source = ThroughputUtilization(StepTimeModel(skip_first=0, skip_first_per_size=False), window_s=1.0, clock=clock)
     assert source.read() is None  # no model yet: no data
     for tokens in (1, 4, 16, 64):
         for _ in range(3):  # a knot stands for the saturation throughput from 3 steps on
@@ -217,7 +217,7 @@ def test_a_step_in_flight_is_busy_time_not_idle_time() -> None:
     often holds no step end. With sequences still running after the last step, the time since
     is a step in flight: u reads the device busy (it read ~0 in bench.batching before)."""
     clock = Clock()
-    source = ThroughputUtilization(StepTimeModel(skip_first=0), window_s=1.0, clock=clock)
+    source = ThroughputUtilization(StepTimeModel(skip_first=0, skip_first_per_size=False), window_s=1.0, clock=clock)
     for tokens in (1, 4, 16, 64):
         clock.t += 1.0 + 0.01 * tokens
         source.observe(step(tokens, 1.0 + 0.01 * tokens, running=tokens))
@@ -230,9 +230,21 @@ def test_a_step_in_flight_is_busy_time_not_idle_time() -> None:
     assert reading.busy_fraction == pytest.approx(1.0)
     assert reading.utilization == pytest.approx(1.0, abs=0.02)  # 64 tokens is the best size
     # the same with nothing left to run: the engine went idle after its last step
-    idle = ThroughputUtilization(StepTimeModel(skip_first=0), window_s=1.0, clock=clock)
+    idle = ThroughputUtilization(StepTimeModel(skip_first=0, skip_first_per_size=False), window_s=1.0, clock=clock)
     for tokens in (1, 4, 16, 64):
         clock.t += 1.0
         idle.observe(step(tokens, 0.5 + 0.01 * tokens))
     clock.t += 1.2
     assert idle.reading().utilization == 0.0
+
+
+def test_the_first_step_of_each_size_is_skipped() -> None:
+    """A new batch shape's first forward pays one-off costs: it must not seed the knot."""
+    model = StepTimeModel(skip_first=0)
+    for rows in (1, 4, 16, 64):
+        model.observe(StepCost(rows, rows, 0), 10.0)  # cold
+        for _ in range(3):
+            model.observe(StepCost(rows, rows, 0), 0.01 + 0.001 * rows)
+    fit = model.fit()
+    assert fit is not None
+    assert [k.seconds for k in fit.knots] == pytest.approx([0.011, 0.014, 0.026, 0.074])
