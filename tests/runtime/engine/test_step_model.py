@@ -38,6 +38,11 @@ def step(
     )
 
 
+def scripted_model() -> StepTimeModel:
+    """Every scripted step counts (no cold first step of a process or of a size to skip)."""
+    return StepTimeModel(skip_first=0, skip_first_per_size=False)
+
+
 def truth(tokens: int, pairs: int) -> float:
     return 0.008 + 0.0005 * tokens + 2e-6 * pairs
 
@@ -48,7 +53,7 @@ def saturating(tokens: float, rows: float, pairs: float) -> float:
 
 
 def test_curve_goes_through_the_measured_knots_and_the_context_term_is_recovered() -> None:
-    model = StepTimeModel(skip_first=0, skip_first_per_size=False)
+    model = scripted_model()
     rng = random.Random(0)
     for _ in range(3000):
         tokens = rng.choice([1, 2, 4, 8, 16, 32, 64, 200])
@@ -71,7 +76,7 @@ def test_curve_goes_through_the_measured_knots_and_the_context_term_is_recovered
 
 def test_saturation_share_is_the_throughput_ratio_to_the_best_size_on_a_saturating_curve() -> None:
     """The affine fit read ~0.5 at the size that saturates such a device (issue 28)."""
-    model = StepTimeModel(skip_first=0, skip_first_per_size=False)
+    model = scripted_model()
     rng = random.Random(2)
     sizes = [1, 4, 8, 16, 24, 32, 48, 64]
     for _ in range(4000):
@@ -89,7 +94,7 @@ def test_saturation_share_is_the_throughput_ratio_to_the_best_size_on_a_saturati
 
 
 def test_fit_under_relative_noise_and_outliers() -> None:
-    model = StepTimeModel(skip_first=0, skip_first_per_size=False)
+    model = scripted_model()
     rng = random.Random(1)
     for i in range(3000):
         tokens = rng.choice([1, 4, 16, 64, 256])
@@ -104,7 +109,7 @@ def test_fit_under_relative_noise_and_outliers() -> None:
 
 
 def test_no_fit_without_enough_spread() -> None:
-    model = StepTimeModel(skip_first=0, skip_first_per_size=False)
+    model = scripted_model()
     assert model.fit() is None
     for _ in range(50):
         model.observe(StepCost(8, 8, 0), 0.02)
@@ -132,7 +137,7 @@ def test_slopes_are_never_negative_and_first_step_is_skipped() -> None:
 
 def test_prefill_tokens_are_costed_within_a_batch_size() -> None:
     """Steps of one batch with and without prompts joining: the knot moves to the queried mix."""
-    model = StepTimeModel(skip_first=0, skip_first_per_size=False)
+    model = scripted_model()
     rng = random.Random(3)
     for _ in range(3000):
         rows = rng.choice([1, 4, 16, 32, 64])
@@ -147,7 +152,7 @@ def test_prefill_tokens_are_costed_within_a_batch_size() -> None:
 
 def test_a_bucket_moves_only_with_steps_of_its_size() -> None:
     """Hours at one size leave the other knots where they were measured (no drift)."""
-    model = StepTimeModel(skip_first=0, skip_first_per_size=False)
+    model = scripted_model()
     for tokens in (1, 4, 16, 64):
         model.observe(StepCost(tokens, tokens, 0), saturating(tokens, tokens, 0))
     before = model.fit()
@@ -182,7 +187,7 @@ class Clock:
 
 def test_signal_is_busy_fraction_times_saturation_share() -> None:
     clock = Clock()
-    source = ThroughputUtilization(StepTimeModel(skip_first=0, skip_first_per_size=False), window_s=1.0, clock=clock)
+    source = ThroughputUtilization(scripted_model(), window_s=1.0, clock=clock)
     assert source.read() is None  # no model yet: no data
     for tokens in (1, 4, 16, 64):
         for _ in range(3):  # a knot stands for the saturation throughput from 3 steps on
@@ -217,7 +222,7 @@ def test_a_step_in_flight_is_busy_time_not_idle_time() -> None:
     often holds no step end. With sequences still running after the last step, the time since
     is a step in flight: u reads the device busy (it read ~0 in bench.batching before)."""
     clock = Clock()
-    source = ThroughputUtilization(StepTimeModel(skip_first=0, skip_first_per_size=False), window_s=1.0, clock=clock)
+    source = ThroughputUtilization(scripted_model(), window_s=1.0, clock=clock)
     for tokens in (1, 4, 16, 64):
         clock.t += 1.0 + 0.01 * tokens
         source.observe(step(tokens, 1.0 + 0.01 * tokens, running=tokens))
@@ -230,7 +235,7 @@ def test_a_step_in_flight_is_busy_time_not_idle_time() -> None:
     assert reading.busy_fraction == pytest.approx(1.0)
     assert reading.utilization == pytest.approx(1.0, abs=0.02)  # 64 tokens is the best size
     # the same with nothing left to run: the engine went idle after its last step
-    idle = ThroughputUtilization(StepTimeModel(skip_first=0, skip_first_per_size=False), window_s=1.0, clock=clock)
+    idle = ThroughputUtilization(scripted_model(), window_s=1.0, clock=clock)
     for tokens in (1, 4, 16, 64):
         clock.t += 1.0
         idle.observe(step(tokens, 0.5 + 0.01 * tokens))
