@@ -99,10 +99,10 @@ class StepTimeFit:
 
     def share_of_bucket(self, bucket: int) -> float | None:
         """The share a bucket's own recent steps deliver, at their own mix (their knot moves by
-        nothing, so a bucket that is the best reads exactly 1); None while the bucket has fewer
-        than `min_count` steps."""
+        nothing, so a bucket that is the best reads exactly 1); None if it has no step yet (its
+        first step, a new shape's cold one, is skipped: often one big prefill besides)."""
         for knot in self.knots:
-            if knot.bucket == bucket and knot.count >= self.min_count:
+            if knot.bucket == bucket:
                 rows = knot.features[1] / knot.seconds
                 return min(1.0, rows / self.saturation_rows_per_s(knot.features))
         return None
