@@ -17,7 +17,7 @@ mix with the within-bucket marginal costs of a token and of an attention pair
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 Features = tuple[float, float, float]  # tokens, sampled rows, attention pairs
 
@@ -37,11 +37,14 @@ class Knot:
 
 @dataclass(frozen=True)
 class StepTimeFit:
-    knots: tuple[Knot, ...]  # sorted by sampled rows
+    knots: tuple[Knot, ...]  # sorted by sampled rows (empty: only the reference sweep so far)
     token_seconds: float  # pooled marginal cost of a token (prefill chunk row) at a fixed batch
     pair_seconds: float  # pooled marginal cost of an attention pair at a fixed batch
     num_buckets: int
     row_spread: float  # largest / smallest mean batch (sampled rows) among the knots
+    # the warm-up sweep's knots (StepTimeModel.seal_warmup), the shape of the curve over the
+    # batch; empty when there was no sweep
+    reference: tuple[Knot, ...] = ()
     min_count: int = 3  # steps a knot needs to stand for the saturation throughput
     max_extrapolation: float = 4.0  # the flat-tail extrapolation's bound, x the measured best
 
@@ -104,11 +107,32 @@ class StepTimeFit:
         for knot in self.knots:
             if knot.bucket == bucket:
                 rows = knot.features[1] / knot.seconds
-                return min(1.0, rows / self.saturation_rows_per_s(knot.features))
+                best = self.anchored(knot).saturation_rows_per_s(knot.features)
+                return min(1.0, rows / best)
         return None
+
+    def anchored(self, live: Knot) -> StepTimeFit:
+        """The curve to compare the live knot with: the live knots of 3+ steps, and for the
+        sizes without one the reference sweep's knots scaled by the live knot's own ratio to the
+        reference curve at its work. The sweep runs its few steps before the process is warm, and
+        a shared machine's load moves all step times together: as a ratio, the sweep's shape
+        holds where its absolute times do not (unscaled, every size the traffic never runs
+        looked slower than the live one, and u read ~1 at any pinned batch on a real CPU)."""
+        if not self.reference or len(self.reference) < 2:
+            return self
+        reference = replace(self, knots=self.reference, reference=())
+        scale = live.seconds / max(reference.predict(live.features), 1e-12)
+        keep = [k for k in self.knots if k.count >= self.min_count or k.bucket == live.bucket]
+        have = {k.bucket for k in keep}
+        scaled = [replace(k, seconds=k.seconds * scale) for k in self.reference]
+        knots = keep + [k for k in scaled if k.bucket not in have]
+        knots.sort(key=lambda k: k.features[1])
+        return replace(self, knots=tuple(knots), reference=())
 
     def saturation_share(self, features: Features) -> float:
         """Throughput of a step with this work / the best throughput at the same mix, in [0, 1]."""
+        if not self.knots:
+            return 0.0
         seconds = self.predict(features)
         if seconds <= 0 or features[1] <= 0:
             return 0.0

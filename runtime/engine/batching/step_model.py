@@ -81,6 +81,9 @@ class StepTimeModel:
         # warm step; the warm-up would otherwise seed the big sizes with cold steps)
         self.skip_first_per_size = skip_first_per_size
         self._buckets: dict[int, Bucket] = {}
+        # the warm-up sweep's knots, frozen (seal_warmup): the curve's shape over the batch,
+        # every size measured within a second or two of the others
+        self._reference: dict[int, Bucket] = {}
         self._lock = threading.Lock()
         self._fit: StepTimeFit | None = None
         self._dirty = False
@@ -104,9 +107,25 @@ class StepTimeModel:
             if bucket is None:
                 bucket = self._buckets[key] = Bucket(skip_first=self.skip_first_per_size)
             if bucket.count >= 4:  # one step preempted by another process must not move the fit
-                seconds = min(seconds, self.outlier_factor * bucket.seconds)
+                # against the bucket's mean scaled by this step's tokens: a step that prefills a
+                # prompt is slow for its work, not an outlier (clipping it hid the token cost, and
+                # knots moved to a prefill-heavier mix came out too fast: issue 28)
+                more = max(1.0, cost.features[0] / max(bucket.features[0], 1e-9))
+                seconds = min(seconds, self.outlier_factor * bucket.seconds * more)
             bucket.add(cost.features, seconds, self.memory, self.moment_memory)
             self.num_observed += 1
+            self._dirty = True
+
+    def seal_warmup(self) -> None:
+        """Freeze what the warm-up sweep measured as the reference curve, and start the live
+        buckets afresh. The sweep's steps are few and run before the process is warm (on the
+        `small` llama on CPU slower than live steps of the same size): compared as absolute
+        times with live knots, every size the traffic never runs looks slower than the one it
+        does, and u reads ~1 at any pinned batch. So the live knot of the window's size is
+        compared with the reference curve *scaled* by its own live/reference ratio (curve.py)."""
+        with self._lock:
+            self._reference = {k: b for k, b in self._buckets.items() if b.count > 0}
+            self._buckets = {}
             self._dirty = True
 
     def fit(self) -> StepTimeFit | None:
@@ -119,9 +138,12 @@ class StepTimeModel:
     def _refit(self) -> StepTimeFit | None:
         ids = {id(b): key for key, b in self._buckets.items()}
         buckets = sorted((b for b in self._buckets.values() if b.count > 0), key=_rows)
-        if len(buckets) < self.min_buckets:
+        # the sizes known: live ones, and the reference sweep's (its shape over the batch)
+        known = {k for k, b in self._buckets.items() if b.count > 0} | set(self._reference)
+        rows = [_rows(b) for b in buckets] + [_rows(b) for b in self._reference.values()]
+        if len(known) < self.min_buckets:
             return None
-        spread = _rows(buckets[-1]) / _rows(buckets[0])
+        spread = max(rows) / min(rows)
         if spread < self.min_row_spread:
             return None
         # pooled within-bucket covariances: the mix slopes with each bucket's level taken out
@@ -138,8 +160,13 @@ class StepTimeModel:
         for b in buckets:
             own = fit_within(b.cov_xx, b.cov_xy) if b.count >= self.own_slopes_after else slopes
             knots.append(Knot(_features(b), b.seconds, b.count, own[0], own[2], ids[id(b)]))
+        reference = tuple(
+            Knot(_features(b), b.seconds, b.count, slopes[0], slopes[2], key)
+            for key, b in sorted(self._reference.items(), key=lambda kv: _rows(kv[1]))
+        )
         return StepTimeFit(
             knots=tuple(knots),
+            reference=reference,
             token_seconds=slopes[0],
             pair_seconds=slopes[2],
             num_buckets=len(buckets),

@@ -3,7 +3,7 @@
 The model can only separate a step's fixed cost from its marginal cost once it has seen steps of
 clearly different sizes; live traffic may not show them for a while (a steady load sits at one
 batch size), and until then the controller holds. So at load, before the engine loop starts, a
-few batches of throwaway greedy requests (1, 4, 16, 64 sequences up to the batch cap, a short
+few batches of throwaway greedy requests (1, 2, 4, …, 64 sequences up to the batch cap, a short
 prompt and four decode steps each) run through the real schedule → execute → update path, with
 the stats sink and the close hooks muted: no metric, trace or `inference_log` row sees them, and
 their KV is freed before the first real request arrives. On the tiny demo model it takes a few
@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from runtime.engine.batching.step_model import StepTimeModel
 from runtime.engine.reasons import FinishReason
 from runtime.engine.request import GenerationRequest, RequestHandle
 from runtime.engine.sampling import SamplingParams
@@ -48,8 +49,12 @@ class WarmupPlan:
 
     @classmethod
     def for_max_batch(cls, max_batch: int) -> WarmupPlan:
-        """Powers of 4 from 1 below the cap, and the cap itself: buckets a factor 4 apart."""
-        sizes = {4**k for k in range(8) if 4**k < max_batch} | {max_batch}
+        """Powers of 2 from 1 below the cap, and the cap itself: knots a factor 2 apart. The
+        sweep is the reference curve's shape (StepTimeModel.seal_warmup) and a size between two
+        knots is read by interpolation: across a knee a factor 4 read a batch 2x past it ~25% too
+        slow. The sizes below the cap sum to less than the cap, so this costs at most twice the
+        largest batch's steps."""
+        sizes = {2**k for k in range(16) if 2**k < max_batch} | {max_batch}
         return cls(tuple(sorted(sizes)))
 
 
@@ -92,4 +97,7 @@ def run_warmup(core: EngineCore, tokenizer: Tokenizer, plan: WarmupPlan, vocab_s
                 core.records.clear()
     finally:
         core.sink, core.on_close = sink, on_close
+    model = getattr(core.controller.source, "model", None)
+    if isinstance(model, StepTimeModel):  # the sweep becomes the reference curve's shape
+        model.seal_warmup()
     return num_steps

@@ -118,6 +118,7 @@ class SimulatedEngine:
             self._observe(size * plan.prompt_tokens, size, size * plan.prompt_tokens, size, False)
             for k in range(plan.new_tokens - 1):
                 self._observe(size, size, size * (plan.prompt_tokens + k + 1), size, False)
+        self.source.model.seal_warmup()  # as run_warmup does
 
     def _observe(self, tokens: int, sampled: int, pairs: int, limit: int, binds: bool) -> float:
         seconds = self.device.seconds(tokens, sampled, pairs, self.rng)

@@ -211,9 +211,10 @@ def test_signal_is_busy_fraction_times_saturation_share() -> None:
 
 
 def test_warmup_plan_spans_the_batch_range() -> None:
-    assert WarmupPlan.for_max_batch(64).batch_sizes == (1, 4, 16, 64)
-    assert WarmupPlan.for_max_batch(16).batch_sizes == (1, 4, 16)
-    assert WarmupPlan.for_max_batch(100).batch_sizes == (1, 4, 16, 64, 100)
+    assert WarmupPlan.for_max_batch(64).batch_sizes == (1, 2, 4, 8, 16, 32, 64)
+    assert WarmupPlan.for_max_batch(16).batch_sizes == (1, 2, 4, 8, 16)
+    assert WarmupPlan.for_max_batch(100).batch_sizes == (1, 2, 4, 8, 16, 32, 64, 100)
+    assert WarmupPlan.for_engine(8).batch_sizes == (1, 2, 4, 8, 16, 32, 64)  # at least to 64
     assert WarmupPlan.for_max_batch(1).batch_sizes == (1,)
 
 
