@@ -120,7 +120,7 @@ class StepTimeFit:
         looked slower than the live one, and u read ~1 at any pinned batch on a real CPU)."""
         if not self.reference or len(self.reference) < 2:
             return self
-        reference = replace(self, knots=self.reference, reference=())
+        reference = replace(self, knots=_local_token_costs(self.reference), reference=())
         scale = live.seconds / max(reference.predict(live.features), 1e-12)
         keep = [k for k in self.knots if k.count >= self.min_count or k.bucket == live.bucket]
         have = {k.bucket for k in keep}
@@ -137,3 +137,19 @@ class StepTimeFit:
         if seconds <= 0 or features[1] <= 0:
             return 0.0
         return min(1.0, max(0.0, features[1] / seconds / self.saturation_rows_per_s(features)))
+
+
+def _local_token_costs(knots: tuple[Knot, ...]) -> tuple[Knot, ...]:
+    """The reference knots with a token's cost at most the sweep's own next step up in work.
+    A live mix with more tokens per sequence (prompts joining) moves a knot along the curve; the
+    within-bucket slopes measured at the live size say what a token costs *there*, which past
+    the knee is its full share, while a sweep size still on the flat part pays ~nothing for
+    those tokens (one slope for all sizes read a size just past the live knee ~0.15 low)."""
+    out = list(knots)
+    for i in range(len(knots) - 1):
+        a, b = knots[i], knots[i + 1]
+        extra = b.features[0] - a.features[0]
+        if extra > 0:
+            local = max(0.0, (b.seconds - a.seconds) / extra)
+            out[i] = replace(a, token_seconds=min(a.token_seconds, local))
+    return tuple(out)
