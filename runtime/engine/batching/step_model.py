@@ -15,8 +15,10 @@ tokens and decode tokens are not the same work (a decode row also pays the lm_he
 and its own attention), so the throughput counted is sequences advanced, as tokens/s is measured.
 
 A few dozen numbers stand for any number of steps; the curve is rebuilt only when a step came
-since, at most once per read. Buckets outside the current batch size keep what the warm-up sweep
-or earlier traffic measured, so hours at one steady size do not move them.
+since, at most once per read. Buckets outside the current batch size keep what earlier traffic
+measured, and the warm-up sweep stays frozen as the reference curve (`seal_warmup`), so hours at
+one steady size do not move them; sizes never run live are the reference scaled by the live
+size's own live/reference ratio (curve.py: the sweep's shape, not its cold absolute times).
 """
 
 from __future__ import annotations
