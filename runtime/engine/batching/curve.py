@@ -47,6 +47,10 @@ class StepTimeFit:
     reference: tuple[Knot, ...] = ()
     min_count: int = 3  # steps a knot needs to stand for the saturation throughput
     max_extrapolation: float = 4.0  # the flat-tail extrapolation's bound, x the measured best
+    flat_top: float = 0.1  # the top's time grows by at most this share of its batch's growth
+    # whether the top may be extrapolated, decided on the reference sweep alone when there is
+    # one (anchored): its sizes measured within seconds of each other; None: on these knots
+    top_is_flat: bool | None = None
 
     def _curve(self, features: Features) -> tuple[list[float], list[float]]:
         """The knots' (rows, seconds) moved to the per-row mix of `features`."""
@@ -91,14 +95,23 @@ class StepTimeFit:
         trusted = [i for i, k in enumerate(self.knots) if k.count >= self.min_count]
         use = trusted or list(range(len(xs)))
         best = max(xs[i] / ys[i] for i in use)
-        if len(use) >= 2:
-            i, j = use[-2], use[-1]
-            slope = (ys[j] - ys[i]) / (xs[j] - xs[i]) if xs[j] > xs[i] else 0.0
+        i, j = (use[-2], use[-1]) if len(use) >= 2 else (0, 0)
+        # only a top truly flat (time growing by at most a tenth of the batch's growth: the
+        # runbook's flat-T(n) case) is extrapolated; two knots of a few steps each on a loaded
+        # CPU can look flat-ish by noise alone, and a 4x extrapolation then read u ~0.1 at a
+        # pinned batch delivering half the best throughput (issue 28, the small llama)
+        flat = self.top_is_flat if self.top_is_flat is not None else self._flat(xs, ys, i, j)
+        if len(use) >= 2 and xs[j] > xs[i] and flat:
+            slope = (ys[j] - ys[i]) / (xs[j] - xs[i])
             tail = 1.0 / slope if slope > 0 else float("inf")
             # a line across a soft knee overshoots (the affine fit's error): only a tail at
             # least twice the measured best says "still flat", and only the excess counts
             best = max(best, min(tail / 2.0, self.max_extrapolation * best))
         return best
+
+    def _flat(self, xs: list[float], ys: list[float], i: int, j: int) -> bool:
+        grows = xs[j] / xs[i] - 1.0 if i != j and xs[i] > 0 else 0.0
+        return grows > 0 and ys[j] / ys[i] - 1.0 <= self.flat_top * grows
 
     def share_of_bucket(self, bucket: int) -> float | None:
         """The share a bucket's own recent steps deliver, at their own mix (their knot moves by
@@ -127,7 +140,13 @@ class StepTimeFit:
         scaled = [replace(k, seconds=k.seconds * scale) for k in self.reference]
         knots = keep + [k for k in scaled if k.bucket not in have]
         knots.sort(key=lambda k: k.features[1])
-        return replace(self, knots=tuple(knots), reference=())
+        # flat at the top or not is the sweep's call: a live knot against a scaled reference one
+        # can look flat (or even faster at the bigger size) by a change of load alone, and the 4x
+        # extrapolation then read u 0.12 at the best pinned batch on the small llama
+        xs = [k.features[1] for k in self.reference]
+        ys = [k.seconds for k in self.reference]
+        flat = self._flat(xs, ys, len(xs) - 2, len(xs) - 1)
+        return replace(self, knots=tuple(knots), reference=(), top_is_flat=flat)
 
     def saturation_share(self, features: Features) -> float:
         """Throughput of a step with this work / the best throughput at the same mix, in [0, 1]."""

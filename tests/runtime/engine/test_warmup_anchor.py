@@ -108,3 +108,43 @@ def test_before_any_live_step_the_model_has_a_fit_but_no_reading() -> None:
     fit = model.fit()
     assert fit is not None and not fit.knots
     assert fit.share_of_bucket(StepTimeModel.bucket_of(16)) is None
+
+
+def test_only_a_truly_flat_top_is_extrapolated() -> None:
+    """The flat-tail extrapolation (the runbook's flat-T(n) case: u reads low at the cap) needs
+    the top knots' time to grow by at most a tenth of their batch's growth. A top that merely
+    looks flattish (64 rows in 1.3x the time of 32: a few noisy steps on a loaded CPU) is the
+    measured best, not a 4x extrapolation (which read u ~0.1 at a batch delivering half)."""
+    model = StepTimeModel(skip_first=0)
+    for rows, seconds in ((1, 0.010), (4, 0.012), (16, 0.030), (32, 0.060), (64, 0.078)):
+        for _ in range(4):
+            model.observe(StepCost(rows, rows, rows), seconds)
+    fit = model.fit()
+    assert fit is not None
+    best = 64 / 0.078
+    assert fit.share_of_bucket(StepTimeModel.bucket_of(16)) == pytest.approx(16 / 0.030 / best)
+    flat = StepTimeModel(skip_first=0)
+    for rows in (1, 4, 16, 32, 64):
+        for _ in range(4):
+            flat.observe(StepCost(rows, rows, rows), 0.050 + 0.00001 * rows)
+    fit = flat.fit()
+    assert fit is not None
+    share = fit.share_of_bucket(StepTimeModel.bucket_of(64))
+    assert share is not None and share < 0.5  # still flat at the cap: reads low there
+
+
+def test_whether_the_top_is_flat_is_the_sweeps_call() -> None:
+    """Live knots measured at different loads (32 while the machine was busy, 64 once quiet) can
+    make the top look flat; the sweep, all its sizes measured within seconds, says it is not: the
+    best measured batch reads 1, not a quarter (it read 0.12 on the small llama)."""
+    model = StepTimeModel(skip_first=0)
+    for rows in (1, 2, 4, 8, 16, 32, 64):
+        for _ in range(5):
+            model.observe(StepCost(rows, rows, rows), max(0.010, 0.00125 * rows))
+    model.seal_warmup()
+    for rows, seconds in ((32, 0.070), (64, 0.075)):
+        for _ in range(10):
+            model.observe(StepCost(rows, rows, rows), seconds)
+    fit = model.fit()
+    assert fit is not None
+    assert fit.share_of_bucket(StepTimeModel.bucket_of(64)) == pytest.approx(1.0)
