@@ -23,6 +23,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from runtime.batch_goals import BatchGoal, band_for
 from runtime.errors import ConfigError
 
 DEFAULT_DEMO_MODEL_DIR = Path("demo-models/llama-tiny")
@@ -117,9 +118,14 @@ class Settings(BaseSettings):
         0.8,
         ge=0.0,
         le=1.0,
-        description="above this utilization the batch limit shrinks 10%; the default band keeps "
-        "steps short at some cost in peak throughput: raise it (e.g. 0.95) to favour throughput, "
-        "lower it to favour latency",
+        description="above this utilization the batch limit shrinks 10%; lower it to favour "
+        "latency. Raising it alone only stops shrinking: a reading inside the band holds, so to "
+        "favour throughput raise min_util too, or use batch_goal throughput (band 0.9-1.0)",
+    )
+    batch_goal: BatchGoal | None = Field(
+        None,
+        description="the trade-off as one word, replacing min_util/max_util: latency (0.5-0.7), "
+        "balanced (0.6-0.8) or throughput (0.9-1.0: within 10% of the best batch's throughput)",
     )
     step_up: float = Field(0.2, gt=0.0, le=1.0)
     step_down: float = Field(0.1, gt=0.0, le=1.0)
@@ -239,6 +245,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_band(self) -> Settings:
+        if self.batch_goal is not None:  # the goal names a band (runtime.batch_goals)
+            self.min_util, self.max_util = band_for(self.batch_goal)
         if self.min_util >= self.max_util:
             raise ValueError(f"min_util ({self.min_util}) must be below max_util ({self.max_util})")
         if not self.min_num_seqs <= self.max_num_seqs:

@@ -53,6 +53,14 @@ from runtime.errors import ModelLoadError
     default=None,
     help="intra-op threads for model ops (0: the physical cores)",
 )
+@click.option(
+    "--batch-goal",
+    type=click.Choice(["latency", "balanced", "throughput"]),
+    default=None,
+    help="the batch policy's trade-off, replacing min_util/max_util: latency (band 0.5-0.7), "
+    "balanced (0.6-0.8, the default band) or throughput (0.9-1.0: within 10% of the best "
+    "batch's tokens/s, longer steps)",
+)
 def command(
     model_path: Path | None,
     host: str | None,
@@ -65,6 +73,7 @@ def command(
     cuda_graphs: str | None,
     quantization: str | None,
     num_threads: int | None,
+    batch_goal: str | None,
 ) -> None:
     """Serve a model over the OpenAI-compatible API until SIGTERM (then drain and exit 0).
 
@@ -93,6 +102,7 @@ def command(
         cuda_graphs=cuda_graphs,
         quantization=quantization,
         num_threads=num_threads,
+        batch_goal=batch_goal,
     )
     for path in (settings.model_path, settings.canary_model_path, settings.embedding_model_path):
         if path is not None and is_gguf(Path(path)):

@@ -113,7 +113,7 @@ def build_parts(
         core,
     )
     if config.batch_warmup and loaded.is_causal_lm:  # seeds the step-time model (see warmup)
-        plan = WarmupPlan.for_max_batch(controller.config.max_batch)
+        plan = WarmupPlan.for_engine(controller.config.max_batch)
         run_warmup(core, loaded.tokenizer, plan, args.vocab_size)
     if loaded.is_causal_lm:  # XGrammar's view of the vocabulary: once per loaded model
         parts.grammars = GrammarCache(tokenizer_info(loaded.tokenizer, args.vocab_size))

@@ -41,3 +41,22 @@ def test_cli_reports_a_bad_setting_without_a_traceback(
     assert exc.value.code == 2
     assert err.startswith("error: invalid setting min_util (FASTLLM_MIN_UTIL")
     assert "Traceback" not in err
+
+
+def test_batch_goal_names_a_band(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert (load_settings().min_util, load_settings().max_util) == (0.6, 0.8)
+    settings = load_settings(batch_goal="throughput")
+    assert (settings.min_util, settings.max_util) == (0.9, 1.0)
+    monkeypatch.setenv("FASTLLM_BATCH_GOAL", "latency")
+    assert (load_settings().min_util, load_settings().max_util) == (0.5, 0.7)
+    monkeypatch.setenv("FASTLLM_BATCH_GOAL", "fastest")
+    with pytest.raises(ConfigError, match="batch_goal"):
+        load_settings()
+
+
+def test_cli_batch_goal_flag_refuses_an_unknown_goal(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--port", "0", "--batch-goal", "fastest"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--batch-goal" in err and "Traceback" not in err

@@ -88,3 +88,32 @@ def fit_nonnegative(
     for i, j in enumerate(active):
         slopes[j] = coef[1 + i] / scale[j]
     return coef[0], slopes
+
+
+def fit_within(
+    cov_xx: Sequence[Sequence[float]], cov_xy: Sequence[float], *, ridge: float = 1e-3
+) -> list[float]:
+    """Slopes b >= 0 of y ~ b.x from pooled within-group (co)variances (the group means already
+    subtracted, so no intercept): solve (Sxx + ridge) b = Sxy, a column whose slope comes out
+    negative dropped and the rest refit, as in `fit_nonnegative`. A column with no variance gets
+    slope 0: the data say nothing about it. Columns are scaled to unit variance first, so one ridge
+    weight suits every feature."""
+    n = len(cov_xy)
+    scale = [math.sqrt(cov_xx[j][j]) if cov_xx[j][j] > 0 else 0.0 for j in range(n)]
+    active = [j for j in range(n) if scale[j] > 0]
+    slopes = [0.0] * n
+    while active:
+        matrix = [
+            [cov_xx[i][k] / (scale[i] * scale[k]) + (ridge if i == k else 0.0) for k in active]
+            for i in active
+        ]
+        coef = _solve(matrix, [cov_xy[i] / scale[i] for i in active])
+        if coef is None:
+            return slopes
+        negative = [(c, j) for c, j in zip(coef, active, strict=True) if c < 0]
+        if not negative:
+            for c, j in zip(coef, active, strict=True):
+                slopes[j] = c / scale[j]
+            break
+        active.remove(min(negative)[1])
+    return slopes

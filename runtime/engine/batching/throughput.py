@@ -1,11 +1,16 @@
 """The batch controller's input: the share of the device's saturation throughput being delivered.
 
-    u = busy fraction x (1 - a / T(work of the window's mean batch))
+    u = busy fraction x (throughput at the window's batch ÷ the best throughput at its mix)
 
-over the trailing control window, with `T` and `a` from the online step-time model. Duty cycles
-alone (the busy fraction, NVML `utilization.gpu`) read ~1 under any backlog whatever the batch,
-so shrinking cannot lower them and a controller fed with them ratchets down to `min_num_seqs`;
-`1 - a/T` rises with the batch, so the law settles where a bigger batch buys little throughput.
+over the trailing control window, throughput counted in sequences advanced per second (generated
+tokens/s). Both come from the step-time model (runtime.engine.batching.step_model): the
+throughput of the bucket at the window's batch size (the mean of its last ~32 steps, at their own
+mix: measured) over the best throughput any batch delivered, moved to that mix. So u is ~1 at the
+batch that saturates the device and lower by as much as a batch delivers less, whatever the shape
+of the step-time curve. Duty cycles alone (the busy fraction, NVML `utilization.gpu`) read ~1
+under any backlog whatever the batch, so shrinking cannot lower them and a controller fed with
+them ratchets down to `min_num_seqs`; the share rises with the batch up to the knee, so the law
+settles where a bigger batch buys little throughput.
 
 The window also says whether the limit binds: a step binds when, at schedule time, requests were
 left waiting with the batch at the limit (`StepStats.limit_binds`). While fewer than half of the
@@ -27,12 +32,22 @@ from runtime.engine.stats import StepStats
 
 
 @dataclass(frozen=True)
+class _Observed:
+    ts: float  # when the step was observed (the source's clock)
+    binds: bool  # the limit held requests back at this step
+    num_seqs: int
+    features: tuple[float, float, float]  # tokens, sampled rows, attention pairs
+    seconds: float  # the step's busy seconds
+    has_more: bool  # sequences ran on or waited after it: the next step follows at once
+
+
+@dataclass(frozen=True)
 class ThroughputReading:
     """One evaluation of the signal and its parts (None: no data)."""
 
     utilization: float | None  # u, the controller's input and fastllm_device_utilization_ratio
     busy_fraction: float | None  # share of the window spent in execute()
-    saturation_share: float | None  # 1 - a / T at the window's mean work
+    saturation_share: float | None  # the window's bucket's rows/s ÷ the best at its mix
     num_steps: int  # steps that ended in the window
     binding_fraction: float  # share of them at which the limit held requests back
     num_seqs: int | None  # sequences in the window's latest step
@@ -41,14 +56,7 @@ class ThroughputReading:
 
 class ThroughputUtilization:
     """A UtilizationSource fed with StepStats (`observe`). `busy` is the engine's own tracker when
-    the engine records busy time itself; without one, observed steps fill a private tracker.
-
-    The work the share is evaluated at is the window's mean batch (sequences per step) times the
-    work per sequence of the last `mix_steps` steps (tokens, sampled rows, attention pairs per
-    sequence: the prefill/decode mix and the context). A window of a few steps at a slow device
-    would otherwise read high or low by whether a prefill burst fell into it; this way the reading
-    follows the batch size at once and the mix smoothly.
-    """
+    the engine records busy time itself; without one, observed steps fill a private tracker."""
 
     def __init__(
         self,
@@ -58,7 +66,7 @@ class ThroughputUtilization:
         busy: BusyTracker | None = None,
         clock: Callable[[], float] = time.monotonic,
         binding_share: float = 0.5,
-        mix_steps: int = 64,
+        recent_steps: int = 64,
     ) -> None:
         self.model = model or StepTimeModel()
         self.window_s = window_s
@@ -66,9 +74,8 @@ class ThroughputUtilization:
         self._clock = clock
         self._own_busy = busy is None
         self._busy = busy if busy is not None else BusyTracker(window_s, clock=clock)
-        # (observed at, limit bound, sequences) of the window's steps
-        self._window: deque[tuple[float, bool, int]] = deque()
-        self._mix: deque[tuple[tuple[float, float, float], int]] = deque(maxlen=mix_steps)
+        self._window: deque[_Observed] = deque()
+        self._recent: deque[_Observed] = deque(maxlen=recent_steps)  # the last steps that ran
         self._lock = threading.Lock()
         self._num_observed = 0
         self._last: tuple[int, ThroughputReading] | None = None  # for demand() right after read()
@@ -82,41 +89,49 @@ class ThroughputUtilization:
             self._busy.add_busy(step.busy_seconds, end=now)
         with self._lock:
             self._num_observed += 1
-            self._window.append((now, step.limit_binds, step.num_seqs))
+            more = step.num_running + step.num_waiting > 0
+            seen = _Observed(
+                now, step.limit_binds, step.num_seqs, cost.features, step.busy_seconds, more
+            )
+            self._window.append(seen)
             if step.num_seqs > 0:
-                self._mix.append((cost.features, step.num_seqs))
+                self._recent.append(seen)
             self._prune(now)
 
     def _prune(self, now: float) -> None:
-        while self._window and self._window[0][0] <= now - self.window_s:
+        while self._window and self._window[0].ts <= now - self.window_s:
             self._window.popleft()
-
-    def _per_sequence(self) -> tuple[float, float, float]:
-        num_seqs = sum(n for _, n in self._mix)
-        return (
-            sum(f[0] for f, _ in self._mix) / num_seqs,
-            sum(f[1] for f, _ in self._mix) / num_seqs,
-            sum(f[2] for f, _ in self._mix) / num_seqs,
-        )
 
     def reading(self, now: float | None = None) -> ThroughputReading:
         now = self._clock() if now is None else now
         with self._lock:
             self._prune(now)
             steps = list(self._window)
-            per_seq = self._per_sequence() if steps and self._mix else None
+            recent = list(self._recent)
         fit = self.model.fit()
-        busy = self._busy.fraction(now)
-        binding = sum(s[1] for s in steps) / len(steps) if steps else 0.0
+        # busy time is recorded when a step ends: with work left after the last step, the time
+        # since is a step in flight, not idle, so the busy share is read up to that step's end
+        # (steps of 0.1 s would read ~5% low otherwise, and steps longer than the window 0)
+        last = recent[-1] if recent else None
+        in_flight = last is not None and last.has_more and now - last.ts < 10 * self.window_s
+        busy = self._busy.fraction(last.ts if in_flight and last is not None else now)
+        binding = sum(s.binds for s in steps) / len(steps) if steps else 0.0
         share = None
-        if fit is not None and per_seq is not None:
-            batch = sum(s[2] for s in steps) / len(steps)
-            work = (batch * per_seq[0], batch * per_seq[1], batch * per_seq[2])
-            share = fit.saturation_share(work)
+        working = bool(recent) and (bool(steps) or in_flight)
+        if fit is not None and working:
+            # the share of the bucket at the window's batch: its recent steps, at their own mix
+            # (None while it has too few steps to say: the first step of a new size may be one
+            # big prefill, and the controller holds rather than act on it)
+            window = [s for s in steps or recent[-1:] if s.features[1] > 0] or recent[-1:]
+            batch = sum(s.features[1] for s in window) / len(window)
+            share = fit.share_of_bucket(StepTimeModel.bucket_of(max(1, round(batch))))
         u: float | None = None
-        if fit is not None and busy is not None:  # an idle window delivers nothing: u = 0
-            u = busy * share if share is not None else 0.0
-        num_seqs = steps[-1][2] if steps else None
+        if fit is not None and busy is not None:
+            if not working:  # an idle window delivers nothing: u = 0
+                u = 0.0
+            elif share is not None:
+                u = busy * share
+        num_seqs = steps[-1].num_seqs if steps else None
         return ThroughputReading(u, busy, share, len(steps), binding, num_seqs, fit)
 
     def read(self) -> float | None:

@@ -7,8 +7,9 @@ from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
+from runtime.batch_goals import BatchGoal, band_for
 from runtime.errors import ServiceUnavailable
 from runtime.server.auth import require_admin
 from runtime.server.errors import ErrorResponse
@@ -76,6 +77,23 @@ async def set_batch_policy(body: BatchPolicyRequest, request: Request) -> BatchP
             {"model": m, "version": v, "batch_size_limit": e.batch_size_limit}
             for m, v, e in engines
         ],
+    )
+
+
+class BatchGoalRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    goal: BatchGoal  # latency | balanced | throughput (runtime.batch_goals)
+
+
+@router.post("/batch-goal", response_model=BatchPolicy)
+async def set_batch_goal(body: BatchGoalRequest, request: Request) -> BatchPolicy:
+    """The goal's band, with the engines' current step size (`step_up`): the same change as
+    POST /admin/batch-policy with that band."""
+    engines = _loaded_engines(request)
+    min_util, max_util = band_for(body.goal)
+    step_size = engines[0][2].batch_policy.step_up
+    return await set_batch_policy(
+        BatchPolicyRequest(min_util=min_util, max_util=max_util, step_size=step_size), request
     )
 
 

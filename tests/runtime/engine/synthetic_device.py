@@ -26,22 +26,37 @@ from runtime.engine.stats import StepStats
 
 @dataclass(frozen=True)
 class ScriptedDevice:
-    """T = fixed + per_token * tokens + per_row * sampled + per_pair * pairs, times (1 + noise)."""
+    """T = fixed + per_token * tokens + per_row * sampled + per_pair * pairs, times (1 + noise);
+    `saturating`: max(fixed, per_token * tokens) in place of the first two terms, the shape a CPU
+    or a GPU shows (flat while reading the weights dominates, then linear in the rows)."""
 
     fixed_s: float = 0.010
     per_token_s: float = 0.001
     per_row_s: float = 0.0
     per_pair_s: float = 0.0
     noise: float = 0.0  # relative, uniform in [-noise, noise]
+    saturating: bool = False
+
+    def mean_seconds(self, tokens: float, sampled: float, pairs: float) -> float:
+        gemm = self.per_token_s * tokens
+        body = max(self.fixed_s, gemm) if self.saturating else self.fixed_s + gemm
+        return body + self.per_row_s * sampled + self.per_pair_s * pairs
 
     def seconds(self, tokens: int, sampled: int, pairs: int, rng: random.Random) -> float:
-        base = (
-            self.fixed_s
-            + self.per_token_s * tokens
-            + self.per_row_s * sampled
-            + self.per_pair_s * pairs
-        )
+        base = self.mean_seconds(tokens, sampled, pairs)
         return base * (1.0 + rng.uniform(-self.noise, self.noise))
+
+    def true_ratio(
+        self, per_seq: tuple[float, float, float], batch: float, max_batch: int
+    ) -> float:
+        """The truth u estimates at a busy device: tokens/s at `batch` sequences ÷ tokens/s at the
+        best batch of 1..max_batch, for the same work per sequence (the same workload)."""
+
+        def rate(n: float) -> float:
+            work = [n * x for x in per_seq]
+            return work[0] / self.mean_seconds(*work)
+
+        return rate(batch) / max(rate(m) for m in range(1, max_batch + 1))
 
     def saturation_share(self, tokens: float, sampled: float, pairs: float) -> float:
         """The truth the signal estimates: 1 - fixed / T at this (mean) work."""
@@ -98,11 +113,12 @@ class SimulatedEngine:
 
     def _warm_up(self) -> None:
         """The engine's load-time sweep: the same plan, through the device, before any load."""
-        plan = WarmupPlan.for_max_batch(self.config.max_batch)
+        plan = WarmupPlan.for_engine(self.config.max_batch)
         for size in plan.batch_sizes:
             self._observe(size * plan.prompt_tokens, size, size * plan.prompt_tokens, size, False)
             for k in range(plan.new_tokens - 1):
                 self._observe(size, size, size * (plan.prompt_tokens + k + 1), size, False)
+        self.source.model.seal_warmup()  # as run_warmup does
 
     def _observe(self, tokens: int, sampled: int, pairs: int, limit: int, binds: bool) -> float:
         seconds = self.device.seconds(tokens, sampled, pairs, self.rng)

@@ -29,7 +29,9 @@ def test_32_waiting_streams_never_end_with_the_limit_at_min_num_seqs(demo_model_
     )
     engine.load()
     controller = engine._parts.controller
-    assert controller.source.model.fit() is not None  # the load-time warm-up seeded the model
+    fit = controller.source.model.fit()
+    assert fit is not None  # the load-time warm-up seeded the model: its sweep, 1..64, sealed
+    assert [k.features[1] for k in fit.reference] == [1, 2, 4, 8, 16, 32, 64] and not fit.knots
     stop = time.monotonic() + 4.0
     errors: list[BaseException] = []
 

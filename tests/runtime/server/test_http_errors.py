@@ -86,6 +86,20 @@ def test_admin_token(served: LiveServer) -> None:
     assert bad.status_code == 400
 
 
+def test_admin_batch_goal_sets_its_band(served: LiveServer) -> None:
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    url = f"{served.url}/admin/batch-goal"
+    response = httpx.post(url, json={"goal": "throughput"}, headers=admin)
+    assert response.status_code == 200
+    assert (response.json()["min_util"], response.json()["max_util"]) == (0.9, 1.0)
+    config = served.state.router.pick("llama").engine._parts.controller.stats().config
+    assert (config.min_util, config.max_util) == (0.9, 1.0)
+    bad = httpx.post(url, json={"goal": "fastest"}, headers=admin)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] is not None
+    assert httpx.post(url, json={"goal": "latency"}).status_code == 401
+    httpx.post(url, json={"goal": "balanced"}, headers=admin)  # the module's server: as it was
+
+
 def test_admin_refused_when_no_token_is_configured(demo_model_dir: Callable[[str], Path]) -> None:
     path = demo_model_dir("llama")
     make = router_of(llama=lambda sink: Engine(EngineConfig(model_path=path, device="cpu"), sink))
