@@ -49,7 +49,7 @@ from runtime.errors import ModelLoadError
 )
 @click.option(
     "--num-threads",
-    type=click.IntRange(0, 1024),
+    type=Bounded(0, 1024),
     default=None,
     help="intra-op threads for model ops (0: the physical cores)",
 )
