@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, get_origin
+from typing import Any, Literal, get_origin
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
@@ -23,11 +23,32 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from runtime.batch_goals import BatchGoal, band_for
 from runtime.errors import ConfigError
 
 DEFAULT_DEMO_MODEL_DIR = Path("demo-models/llama-tiny")
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:[0-9]+)?")
+
+
+# `batch_goal`: the latency/throughput trade-off as one word, mapped to the controller's band.
+# u is the share of the device's saturation throughput delivered
+# (runtime.engine.batching.throughput), so the band says how close to saturation the engine runs
+# (docs/batching.md): latency (0.5-0.7) short steps, about 60% of saturation throughput;
+# balanced (0.6-0.8, the default band) the knee of the throughput curve; throughput (0.9-1.0) the
+# limit grows until the engine delivers 90% or more of saturation, and never shrinks for being
+# near it (nothing reads above 1). Kept here, outside the engine package: the alerts' evaluator
+# imports the settings and may not import the engine.
+BatchGoal = Literal["latency", "balanced", "throughput"]
+
+BATCH_GOALS: dict[str, tuple[float, float]] = {  # goal -> (min_util, max_util)
+    "latency": (0.5, 0.7),
+    "balanced": (0.6, 0.8),
+    "throughput": (0.9, 1.0),
+}
+
+
+def band_for(goal: str) -> tuple[float, float]:
+    """(min_util, max_util) of a goal; KeyError for an unknown one (callers validate first)."""
+    return BATCH_GOALS[goal]
 
 
 class _EnvSource(EnvSettingsSource):
@@ -245,7 +266,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_band(self) -> Settings:
-        if self.batch_goal is not None:  # the goal names a band (runtime.batch_goals)
+        if self.batch_goal is not None:  # the goal names a band (runtime.config)
             self.min_util, self.max_util = band_for(self.batch_goal)
         if self.min_util >= self.max_util:
             raise ValueError(f"min_util ({self.min_util}) must be below max_util ({self.max_util})")

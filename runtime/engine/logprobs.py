@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from runtime.engine.request import TokenLogprob, TokenOutput
+
 if TYPE_CHECKING:
-    from runtime.engine.request import TokenOutput
     from runtime.engine.sampling import SamplingParams
     from runtime.engine.sequence import Sequence
 
@@ -36,14 +37,6 @@ __all__ = [
 # prompt positions turned into logits at once: bounds the [rows, vocab] fp32 temporary of a long
 # prompt (512 × 49152 × 4 B ≈ 100 MB for SmolLM2's vocabulary)
 PROMPT_ROWS_PER_PASS = 512
-
-
-@dataclass(slots=True)  # not frozen: built once per token, a frozen __init__ costs twice as much
-class TokenLogprob:
-    token_id: int
-    logprob: float
-    rank: int  # 1 + how many tokens are strictly more likely (vLLM's rank)
-    top: tuple[tuple[int, float], ...] = ()  # the k most likely (id, logprob), best first
 
 
 def asks_sampled_logprobs(p: SamplingParams) -> bool:

@@ -27,7 +27,6 @@ from runtime.errors import FastllmError, InvalidRequestError, RequestTimeout
 
 if TYPE_CHECKING:
     from runtime.engine.constraints.spec import ConstraintSpec
-    from runtime.engine.logprobs import TokenLogprob
     from runtime.models.tokenizer import Tokenizer
 
 
@@ -90,6 +89,16 @@ def tokenize_prompt(
             param="max_tokens",
         )
     return ids
+
+
+@dataclass(slots=True)  # not frozen: built once per token, a frozen __init__ costs twice as much
+class TokenLogprob:
+    """One position's log-probability (runtime.engine.logprobs computes them)."""
+
+    token_id: int
+    logprob: float
+    rank: int  # 1 + how many tokens are strictly more likely (vLLM's rank)
+    top: tuple[tuple[int, float], ...] = ()  # the k most likely (id, logprob), best first
 
 
 @dataclass

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from runtime.engine.request import GenerationRequest, RequestHandle
+from runtime.engine.request import GenerationRequest, RequestHandle, TokenLogprob
 from runtime.engine.stats import RequestEvent, RequestStats
 
 if TYPE_CHECKING:
@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 
     from runtime.engine.choice_group import ChoiceGroup
     from runtime.engine.constraints.state import ConstraintState
-    from runtime.engine.logprobs import TokenLogprob
     from runtime.engine.stopping import StopChecker
     from runtime.memory.kv_cache import SequenceKV
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 
@@ -23,8 +23,19 @@ from runtime.engine.logprobs import TokenLogprob
 from runtime.engine.request import TokenOutput
 from runtime.models.tokenizer import Tokenizer
 
-if TYPE_CHECKING:
-    from runtime.server.schemas import CompletionRequest
+
+class ShapedBody(Protocol):
+    """The completion body's fields the shaper reads (a protocol: schemas.py imports this)."""
+
+    @property
+    def echo(self) -> bool: ...
+    @property
+    def return_tokens_as_token_ids(self) -> bool: ...
+    @property
+    def logprobs(self) -> int | None: ...
+    @property
+    def max_tokens(self) -> int | None: ...
+
 
 MIN_LOGPROB = -9999.0
 
@@ -178,7 +189,7 @@ class CompletionShaper:
 
 
 def completion_shaper(
-    tokenizer: Tokenizer, prompt: str | list[int], prompt_ids: list[int], body: CompletionRequest
+    tokenizer: Tokenizer, prompt: str | list[int], prompt_ids: list[int], body: ShapedBody
 ) -> CompletionShaper:
     echo_text = None
     if body.echo:  # the prompt as sent; token ids as their decoding

@@ -4,18 +4,37 @@ vLLM give them); `check_token_ids` needs the vocabulary, so the engine calls it 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
 from runtime.errors import InvalidRequestError
-
-if TYPE_CHECKING:
-    from runtime.engine.sampling import SamplingParams
 
 __all__ = ["MAX_LOGIT_BIAS", "MAX_LOGPROBS", "check_token_ids", "validate_logits_params"]
 
 MAX_LOGPROBS = 20  # OpenAI's bound on alternatives per position
 MAX_LOGIT_BIAS = 100.0
 MAX_BIASED_TOKENS = 1024  # a bound on the per-row work a request can ask for
+
+
+class LogitsFields(Protocol):
+    """The fields of SamplingParams checked here (a protocol: sampling.py imports this module)."""
+
+    @property
+    def logprobs(self) -> int | None: ...
+    @property
+    def prompt_logprobs(self) -> int | None: ...
+    @property
+    def presence_penalty(self) -> float: ...
+    @property
+    def frequency_penalty(self) -> float: ...
+    @property
+    def repetition_penalty(self) -> float: ...
+    @property
+    def logit_bias(self) -> Sequence[tuple[int, float]]: ...
+    @property
+    def min_tokens(self) -> int: ...
+    @property
+    def max_tokens(self) -> int: ...
 
 
 def _is_int(value: object) -> bool:
@@ -32,7 +51,7 @@ def _check_range(value: float, lo: float, hi: float, param: str) -> None:
         raise InvalidRequestError(f"{param} must be in [{lo:g}, {hi:g}]", param=param)
 
 
-def validate_logits_params(p: SamplingParams) -> None:
+def validate_logits_params(p: LogitsFields) -> None:
     """Raise InvalidRequestError naming the offending field."""
     _check_logprobs(p.logprobs, "logprobs")
     _check_logprobs(p.prompt_logprobs, "prompt_logprobs")
@@ -54,7 +73,7 @@ def validate_logits_params(p: SamplingParams) -> None:
         raise InvalidRequestError("min_tokens must not exceed max_tokens", param="min_tokens")
 
 
-def check_token_ids(p: SamplingParams, vocab_size: int) -> None:
+def check_token_ids(p: LogitsFields, vocab_size: int) -> None:
     """Token ids a request names must be in the model's vocabulary."""
     if any(token_id >= vocab_size for token_id, _ in p.logit_bias):
         raise InvalidRequestError(

@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict
 
-from runtime.batch_goals import BatchGoal, band_for
+from runtime.config import BatchGoal, band_for
 from runtime.errors import ServiceUnavailable
 from runtime.server.auth import require_admin
 from runtime.server.errors import ErrorResponse
@@ -82,7 +82,7 @@ async def set_batch_policy(body: BatchPolicyRequest, request: Request) -> BatchP
 
 class BatchGoalRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    goal: BatchGoal  # latency | balanced | throughput (runtime.batch_goals)
+    goal: BatchGoal  # latency | balanced | throughput (runtime.config)
 
 
 @router.post("/batch-goal", response_model=BatchPolicy)

@@ -81,6 +81,8 @@ def _steer(body: Any, path: str, mode: GenerationMode) -> Any:
         ):
             body[key] = MAX_NEW_TOKENS
     _steer_cross_field(body)
+    if mode == GenerationMode.POSITIVE:  # a negative body stays as generated
+        _fit_the_context(body)
     return body
 
 
@@ -102,6 +104,34 @@ def _steer_cross_field(body: dict[str, Any]) -> None:
         }
     if body.get("top_logprobs") is not None and "messages" in body:
         body["logprobs"] = True
+
+
+def _fit_the_context(body: dict[str, Any]) -> None:
+    """A chat prompt must fit the model's 2,048 tokens (a 400 naming `prompt` otherwise: a limit
+    JSON Schema cannot state). Generated messages may carry long strings, text parts and tool
+    calls whose arguments the template renders: a few short ones are kept."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return
+    del messages[4:]
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            message["content"] = content[:200]
+        elif isinstance(content, list):
+            del content[2:]
+            for part in content:
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    part["text"] = part["text"][:200]
+        calls = message.get("tool_calls")
+        if isinstance(calls, list):
+            del calls[1:]
+            for call in calls:
+                function = call.get("function") if isinstance(call, dict) else None
+                if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+                    function["arguments"] = function["arguments"][:200]
 
 
 def _fuzz(operation: Any, mode: GenerationMode, headers: dict[str, str]) -> int:

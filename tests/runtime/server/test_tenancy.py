@@ -14,11 +14,13 @@ import httpx
 import openai
 import pytest
 
+from runtime.engine.engine import Engine, EngineConfig
+from runtime.engine.stats import FanOut
+from runtime.memory import Allocator
 from runtime.server.tenancy import prefix_salt, tenant_of
 from tests.runtime.server.live import (
     ADMIN_TOKEN,
     LiveServer,
-    engine_for,
     light_settings,
     live_server,
     router_of,
@@ -28,9 +30,19 @@ KEY_A, KEY_B = "sk-tenant-a", "sk-tenant-b"
 SYSTEM = "You answer questions about page tables and caches. " * 8  # several 16-token pages
 
 
+def _own_allocator(path: Path, sink: FanOut) -> Engine:
+    """Its own allocator, not the process-wide one: blocks other tests of this process leak on
+    purpose (the debug leak setting) would be this engine's orphans in the idle self-check."""
+    return Engine(
+        EngineConfig(model_path=path, model_name="llama", device="cpu"),
+        sink=sink,
+        allocator=Allocator(device="cpu"),
+    )
+
+
 @pytest.fixture(scope="module")
 def served(demo_model_dir: Callable[[str], Path]) -> Iterator[LiveServer]:
-    make_router = router_of(llama=partial(engine_for, demo_model_dir("llama"), name="llama"))
+    make_router = router_of(llama=partial(_own_allocator, demo_model_dir("llama")))
     with live_server(light_settings(api_keys=[KEY_A, KEY_B]), make_router) as server:
         yield server
 
