@@ -96,7 +96,8 @@ def _run_http_soak(args: argparse.Namespace) -> dict:
         return run_embeddings_soak(args.requests, args.interval, max_seconds=args.max_seconds)
     from bench.soak_server import run_server_soak
 
-    model = args.model
+    # --server's default is the small llama (the engine soak's, the tiny one)
+    model = resolve_model(args.model, args.cache_dir)
     if model is None:
         model = args.cache_dir / "llama-small-seed0"
         if not (model / "config.json").is_file():
@@ -117,9 +118,6 @@ def main(argv: list[str] | None = None) -> None:
         "--server",
         action="store_true",
         help="generation through `fastllm serve`: streaming, cancellations, prefix hits",
-    )
-    parser.add_argument(
-        "--model", type=Path, default=None, help="--server: checkpoint (default: the small llama)"
     )
     parser.add_argument(
         "--samples-out", type=Path, default=None, help="write the RSS samples here (JSON)"

@@ -126,6 +126,11 @@ def test_a_periodic_round_adopts_a_peer_event_without_a_nudge(
 ) -> None:
     a, _ = pair
     newest = _status(a.url)["last_event"]
+    if newest is None:  # run on its own: an event for the periodic round to find
+        body = {"action": "set", "weight": 0.5}
+        reply = httpx.post(f"{a.url}/admin/rollout", json=body, headers=ADMIN, timeout=10)
+        assert reply.status_code == 200, reply.text
+        newest = _status(a.url)["last_event"]
     router = Router(rng=random.Random(0))
     router.add(MODEL, stable=object(), canary=object(), canary_weight=0.9)
     local = RolloutController(router)  # a third replica that nobody nudges

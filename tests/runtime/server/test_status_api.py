@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -41,10 +42,20 @@ def server(demo_model_dir: Callable[[str], Path]) -> Iterator[LiveServer]:
             timeout=60,
         )
         assert reply.status_code == 200, reply.text
+        # request stats reach the metrics one engine-loop turn after the response: wait for the
+        # counter, so that the round below samples it
+        deadline = time.monotonic() + 30
+        while not re.search(r"^fastllm_request_success_total\{.*\} [1-9]", _metrics(live), re.M):
+            assert time.monotonic() < deadline, "the request never reached the metrics"
+            time.sleep(0.05)
         live.state.alerts.tick()  # a round with the request's counters in the store
         yield live
     finally:
         live.stop()
+
+
+def _metrics(server: LiveServer) -> str:
+    return httpx.get(f"{server.url}/metrics", timeout=30).text
 
 
 def _get(
