@@ -15,6 +15,7 @@ pytest_plugins.append("tests.fixtures.real_model")  # smollm2_gguf, smollm2_dir,
 pytest_plugins.append("tests.fixtures.postgres")  # postgres_cluster (stop/start), postgres_url
 pytest_plugins.append("tests.fixtures.alertmanager")  # alertmanager_server, webhook_receiver
 pytest_plugins.append("tests.fixtures.browser")  # browser (headless system Chromium, Selenium)
+pytest_plugins.append("tests.fixtures.cpu_report")  # FASTLLM_TEST_CPU_REPORT: CPU per test
 
 
 def require_binary(name: str, *candidates: str) -> str:

@@ -106,4 +106,7 @@ def _offline_config(
         max_queued_tokens=max(tokens, 1),
         request_timeout_s=24 * 3600.0,  # offline work has no client waiting on a deadline
         kv_cache_bytes=max(1 << 30, 2 * tokens * kv_bytes_per_token),
+        # the limit is pinned and nothing reads a utilization: the load-time sweep (64 sequences'
+        # worth of steps, ~10x a short generate on the demo models) would buy nothing
+        batch_warmup=False,
     )
