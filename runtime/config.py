@@ -160,7 +160,7 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)
     api_keys: list[str] = Field(default_factory=list, description="empty = open")
     admin_token: str | None = Field(None, description="admin endpoints are refused when unset")
-    # with api_keys, each key's cached prompt pages are its own (runtime.server.tenancy); on:
+    # with api_keys, each key's cached prompt pages are its own (runtime.server.openai.tenancy); on:
     # every key reuses every other's, and learns from cached_tokens what the others sent
     prefix_cache_shared_across_keys: bool = Field(
         False, description="API keys share one prefix cache (default: isolated per key)"
@@ -174,16 +174,16 @@ class Settings(BaseSettings):
     # balancer's health check takes the replica out before it refuses work (compose's HAProxy);
     # 0 under Kubernetes, where the preStop hook gives the Service that time
     drain_unready_s: float = Field(0.0, ge=0.0)
-    # connections (runtime.server.connections): a request head longer than this is a 431; one not
-    # complete this long after its first byte (or the connection's opening) closes it; an idle
-    # kept-alive connection is closed after keep_alive_timeout_s; past max_connections a new
+    # connections (runtime.server.edge.connections): a request head longer than this is a 431;
+    # one not complete this long after its first byte (or the connection's opening) closes it; an
+    # idle kept-alive connection is closed after keep_alive_timeout_s; past max_connections a new
     # connection gets a 503 and is closed
     max_header_bytes: int = Field(32 << 10, ge=1024, le=16 << 20)
     header_read_timeout_s: float = Field(10.0, gt=0.0, le=3600.0)
     keep_alive_timeout_s: float = Field(5.0, gt=0.0, le=3600.0)
     max_connections: int = Field(512, ge=1)
-    # the status page's query API (runtime.server.query_runner): Prometheus' query.timeout and
-    # query.max-samples, a response-size bound and the queries evaluated at once
+    # the status page's query API (runtime.server.status.query_runner): Prometheus'
+    # query.timeout and query.max-samples, a response-size bound and the queries evaluated at once
     query_timeout_s: float = Field(10.0, gt=0.0, le=3600.0)
     query_max_samples: int = Field(500_000, ge=1000)
     query_max_response_bytes: int = Field(16 << 20, ge=1 << 16)

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ColumnElement, Connection, Engine, bindparam, case, func, select, text
 
 from storage.models import Base, InferenceLog, UTCDateTime
+
+if TYPE_CHECKING:
+    from runtime.config import Settings
 
 DEFAULT_THRESHOLDS: dict[str, float] = {"float32": 1e-3, "float16": 1e-2, "bfloat16": 5e-2}
 AUDIT_QUERY = "SELECT COUNT(*) FROM inference_log WHERE ABS(output - expected) > :threshold"
@@ -33,6 +36,15 @@ def default_threshold(dtype: str, quantization: str | None = None) -> float:
     if quantization and quantization != "none":
         threshold = max(threshold, QUANTIZED_THRESHOLDS[quantization])
     return threshold
+
+
+def anomaly_threshold(settings: Settings) -> float:
+    """A server's threshold: `verify_threshold` when set, else the default for its dtype and
+    quantization. One source for fastllm_operator_anomalies_total, the status page's audit and
+    the canary rollout's anomaly rate."""
+    if settings.verify_threshold is not None:
+        return settings.verify_threshold
+    return default_threshold(settings.dtype, settings.quantization)
 
 
 @dataclass(frozen=True)

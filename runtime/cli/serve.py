@@ -88,7 +88,7 @@ def command(
     """
     from runtime.models.gguf_io import check_gguf, is_gguf
     from runtime.server import create_app, run_server
-    from runtime.server.connections import ConnectionLimits
+    from runtime.server.edge.connections import ConnectionLimits
     from runtime.server.preflight import preflight
 
     settings = load_settings(

@@ -1,21 +1,20 @@
-"""The OpenAI-compatible HTTP server (FastAPI on uvicorn).
+"""The OpenAI-compatible HTTP server (FastAPI on uvicorn), one package per feature.
 
-app.py            create_app(settings | state) and the lifespan (start parts, load, stop)
-wiring.py         settings -> engines, router, metrics, traces, storage, alerts (ServerState)
-state.py          ServerState: what one app instance holds
-guard.py          ASGI admission: readiness / drain 503, body limit 413, UTF-8, catch-all 500
-auth.py           API keys (/v1) and the admin token (/admin)
-schemas.py        pydantic request / response models (what /openapi.json documents)
-errors.py         the error body and handlers; failure records for the metrics
-routes/openai.py  /v1/completions, /v1/chat/completions, /v1/embeddings, /v1/models
-generate.py       submit / join / usage helpers shared by the generation routes
-streaming.py      server-sent events; a disconnect cancels the request
-routes/health.py  /health, /ready, /metrics
-routes/admin.py   /admin/batch-policy, /admin/memory
-routes/status.py  the status page at / and its read-only data: /status/api/*, /api/v1/query(_range)
-status_*.py       its panel catalogue (the dashboards' PromQL), query API, facts and access rule
-static/           the page's HTML, scripts and stylesheet (package data, no build step)
-lifecycle.py      graceful drain on SIGTERM, run_server()
+app.py        create_app(settings | state) and the lifespan (start parts, load, stop)
+wiring.py     settings -> engines, router, metrics, traces, storage, alerts (ServerState)
+state.py      ServerState: what one app instance holds
+auth.py       API keys (/v1) and the admin token (/admin); the one comparison of secrets
+errors.py     the error body and handlers; failure records for the metrics
+preflight.py  settings checked before anything is built (`fastllm serve` exits 2 on a bad one)
+lifecycle.py  graceful drain on SIGTERM, run_server()
+routes/       /health, /ready, /metrics; /admin; the legacy /predict
+edge/         admission: the ASGI guard (key, readiness, drain, body limits, UTF-8, catch-all
+              500) and the connection bounds below the app
+openai/       the API: /v1/*, /tokenize, its schemas, generation, streaming, logprobs, choices,
+              structured output, tool calling, the prefix cache's tenants
+status/       the status page at / and its read-only data (/status/api/*, /api/v1/query*), its
+              panel catalogue, facts, access rule and static files
+rollout/      canary rollout's server side: the controller's wiring and /admin/rollout
 """
 
 from runtime.server.app import create_app

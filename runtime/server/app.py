@@ -21,12 +21,15 @@ from fastapi import FastAPI
 
 from runtime.config import Settings, load_settings
 from runtime.server.auth import api_key_dependencies
+from runtime.server.edge.guard import Guard
 from runtime.server.errors import install_error_handlers
-from runtime.server.guard import Guard
-from runtime.server.rollout_wiring import attach_rollout, attach_rollout_sync
-from runtime.server.routes import admin, health, legacy, openai, rollout, tokenize
-from runtime.server.routes.status import attach_status_page
+from runtime.server.openai import routes as openai
+from runtime.server.openai import tokenize
+from runtime.server.rollout import routes as rollout
+from runtime.server.rollout.wiring import attach_rollout, attach_rollout_sync
+from runtime.server.routes import admin, health, legacy
 from runtime.server.state import ServerState
+from runtime.server.status.routes import attach_status_page
 
 log = logging.getLogger("fastllm.server")
 

@@ -22,23 +22,30 @@ _api_bearer = HTTPBearer(auto_error=False, scheme_name="ApiKey", description="an
 _admin_bearer = HTTPBearer(auto_error=False, scheme_name="AdminToken", description="admin token")
 
 
-def _matches(secret: str, candidates: Sequence[str]) -> bool:
-    # compare against every candidate (no early exit) in constant time per candidate
-    found = False
-    for candidate in candidates:
-        found |= secrets.compare_digest(secret.encode(), candidate.encode())
+def key_index(secret: str, candidates: Sequence[str]) -> int | None:
+    """The index of the first candidate equal to `secret`, or None. The one comparison of secrets
+    in the server (/v1, /admin, the status page's data, the prefix cache's tenants): every
+    candidate is compared (no early exit), each in constant time."""
+    found = None
+    for i, candidate in enumerate(candidates):
+        if secrets.compare_digest(secret.encode(), candidate.encode()) and found is None:
+            found = i
     return found
+
+
+def matches(secret: str, candidates: Sequence[str]) -> bool:
+    return key_index(secret, candidates) is not None
 
 
 def api_key_problem(authorization: str | None, api_keys: Sequence[str]) -> str | None:
     """Why a request with this `Authorization` header is refused, or None when it may pass.
-    The edge (runtime.server.guard) asks this before reading the body."""
+    The edge (runtime.server.edge.guard) asks this before reading the body."""
     if not api_keys:
         return None
     scheme, _, secret = (authorization or "").partition(" ")  # as fastapi's HTTPBearer reads it
     if scheme.lower() != "bearer" or not secret:
         return "missing API key: send `Authorization: Bearer <key>`"
-    if not _matches(secret, api_keys):
+    if not matches(secret, api_keys):
         return "invalid API key"
     return None
 
@@ -57,7 +64,7 @@ def api_key_dependencies(api_keys: Sequence[str]) -> list[Any]:
             raise AuthenticationError(
                 "missing API key: send `Authorization: Bearer <key>`", code="invalid_api_key"
             )
-        if not _matches(credentials.credentials, keys):
+        if not matches(credentials.credentials, keys):
             raise AuthenticationError("invalid API key", code="invalid_api_key")
 
     return [Depends(check_api_key)]
@@ -76,5 +83,5 @@ def require_admin(
         raise AuthenticationError(
             "missing admin token: send `Authorization: Bearer <token>`", code="missing_token"
         )
-    if not _matches(credentials.credentials, (token,)):
+    if not matches(credentials.credentials, (token,)):
         raise PermissionDeniedError("invalid admin token", code="invalid_token")

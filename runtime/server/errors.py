@@ -24,8 +24,8 @@ from starlette.routing import Match
 from runtime.engine.reasons import FailureReason
 from runtime.engine.stats import FanOut, RequestStats
 from runtime.errors import FastllmError, Overloaded, ServiceUnavailable
-from runtime.server.schemas import ErrorResponse
-from runtime.server.unsupported import UNSUPPORTED
+from runtime.server.openai.schemas import ErrorResponse
+from runtime.server.openai.unsupported import UNSUPPORTED
 
 _HTTP_TYPES = {404: "not_found_error", 405: "invalid_request_error"}
 

@@ -21,7 +21,7 @@ from typing import Any
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from runtime.server.connections import ConnectionLimits, server_options
+from runtime.server.edge.connections import ConnectionLimits, server_options
 
 log = logging.getLogger("fastllm.server")
 
@@ -115,8 +115,8 @@ def run_server(
     limits: ConnectionLimits | None = None,
 ) -> int:
     """Serve `app` until SIGTERM / SIGINT has drained it; returns the process exit status.
-    `limits`: header size and deadlines, keep-alive, open connections (runtime.server.connections;
-    default: its defaults), counted on the app's registry."""
+    `limits`: header size and deadlines, keep-alive, open connections
+    (runtime.server.edge.connections; default: its defaults), counted on the app's registry."""
     state = getattr(app.state, "fastllm", None)
     registry = state.registry if state is not None else CollectorRegistry()
     config = uvicorn.Config(

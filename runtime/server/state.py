@@ -42,7 +42,7 @@ class ServerState:
     writer: Any = None  # storage.writer.InferenceLogWriter when storage is wired
     alerts: Any = None  # alerts.evaluator.AlertEvaluator when the embedded evaluator runs
     engines_stopped: bool = False
-    tenants: Any = None  # runtime.server.tenancy.TenantCacheTally: prefix hits per tenant
+    tenants: Any = None  # runtime.server.openai.tenancy.TenantCacheTally: prefix hits per tenant
 
     @property
     def engines(self) -> list[EngineClient]:

@@ -21,8 +21,8 @@ from runtime.config import Settings
 from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.stats import FanOut
 from runtime.models.loader import resolve_device
+from runtime.server.openai.tenancy import TenantCacheTally
 from runtime.server.state import ServerState
-from runtime.server.tenancy import TenantCacheTally
 from runtime.serving.replicas import ReplicaSet
 from runtime.serving.router import Router
 
@@ -85,6 +85,7 @@ def attach_telemetry(state: ServerState) -> None:
     if not (settings.metrics_enabled or settings.tracing_enabled):
         return
     from monitoring.wiring import create_monitoring
+    from storage.audit import anomaly_threshold  # what the anomaly counter counts against
 
     engines = list(state.router.engines())
     primary = engines[0][2]
@@ -128,15 +129,6 @@ def attach_self_check_metrics(registry: Any, engines: list[tuple[str, str, Any]]
     none: Callable[[], Any] = lambda: None  # noqa: E731 - an engine without a self-check
     sources = [(m, v, getattr(e, "self_check_result", none)) for m, v, e in engines]
     registry.register(SelfCheckCollector(sources))
-
-
-def anomaly_threshold(settings: Settings) -> float:
-    """What fastllm_operator_anomalies_total counts against: the audit's threshold (one source)."""
-    from storage.audit import default_threshold
-
-    if settings.verify_threshold is not None:
-        return settings.verify_threshold
-    return default_threshold(settings.dtype, settings.quantization)
 
 
 def attach_verification(state: ServerState) -> None:
@@ -201,8 +193,8 @@ def attach_alerts(state: ServerState) -> None:
         state.on_start.insert(0, _migrate_quietly(state.writer.engine))
     source = RegistrySource(state.registry, instance=f"{settings.host}:{settings.port}")
     # the status page's panels read the same store: sample their metrics too, and keep them
-    # for its window (runtime.server.status_page)
-    from runtime.server.status_page import page_metric_names, page_retention_s
+    # for its window (runtime.server.status.page)
+    from runtime.server.status.page import page_metric_names, page_retention_s
 
     evaluator = build_evaluator(
         settings,

@@ -147,14 +147,14 @@ MECHANISMS: tuple[Mechanism, ...] = (
     ),
     Mechanism(
         "verification",
-        files=("runtime/verify/verifier.py", "storage/audit.py", "runtime/server/wiring.py"),
+        files=("runtime/verify/verifier.py", "storage/audit.py"),
         # verify_jobs (the glue to the reference forward) is left to the model-backed tests of
         # tests/runtime/verify/test_verifier.py: minutes per mutant on these machines
         only=(
             "runtime.verify.verifier.xǁ*",
             "runtime.verify.verifier.x_is_sampled__mutmut_*",
             "storage.audit.x_default_threshold__mutmut_*",
-            "runtime.server.wiring.x_anomaly_threshold__mutmut_*",
+            "storage.audit.x_anomaly_threshold__mutmut_*",
         ),
         tests=(
             "tests/runtime/verify/test_verifier_worker.py",

@@ -1,2 +1,4 @@
-"""The HTTP routes: openai.py (/v1), health.py (/health, /ready, /metrics), admin.py (/admin),
-rollout.py (/admin/rollout), legacy.py (the seed's /predict)."""
+"""The HTTP routes that belong to no feature package: health.py (/health, /ready, /metrics),
+admin.py (/admin), legacy.py (the seed's /predict). The API's routes are in
+runtime.server.openai, the status page's in runtime.server.status, rollout's in
+runtime.server.rollout."""

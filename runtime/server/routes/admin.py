@@ -13,7 +13,7 @@ from runtime.config import BatchGoal, band_for
 from runtime.errors import ServiceUnavailable
 from runtime.server.auth import require_admin
 from runtime.server.errors import ErrorResponse
-from runtime.server.schemas import BatchPolicyRequest
+from runtime.server.openai.schemas import BatchPolicyRequest
 from runtime.server.state import get_state
 
 _ADMIN_ERRORS: dict[int | str, dict[str, Any]] = {

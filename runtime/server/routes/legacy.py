@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.engine.sampling import SamplingParams
 from runtime.errors import ServiceUnavailable
-from runtime.server import generate as gen
 from runtime.server.errors import ERROR_RESPONSES
+from runtime.server.openai import generate as gen
 from runtime.server.state import ServerState, get_state
 
 DEPRECATION_HEADERS = {

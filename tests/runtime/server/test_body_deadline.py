@@ -12,7 +12,7 @@ from typing import Any
 
 from runtime.config import Settings
 from runtime.engine.stats import FanOut, RequestStats
-from runtime.server.guard import Guard
+from runtime.server.edge.guard import Guard
 from runtime.server.lifecycle import Drain
 from tests.runtime.server.live import API_KEY, light_settings
 

@@ -144,7 +144,7 @@ def test_validation_failures_are_counted(served: LiveServer, client: openai.Open
 
 
 def test_base64_decoding_is_little_endian_float32() -> None:
-    from runtime.server.routes.openai import _encode
+    from runtime.server.openai.routes import _encode
 
     raw = base64.b64decode(_encode([1.5, -2.0], "base64"))
     assert struct.unpack("<2f", raw) == (1.5, -2.0)

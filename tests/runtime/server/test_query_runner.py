@@ -12,8 +12,8 @@ import pytest
 
 from alerts.promql import make_labels
 from alerts.store import MemorySampleStore
-from runtime.server.query_runner import QueryLimits, QueryRunner
-from runtime.server.status_query import QueryService
+from runtime.server.status.query import QueryService
+from runtime.server.status.query_runner import QueryLimits, QueryRunner
 
 END = 1_800_000_000.0
 NUM_SERIES, NUM_POINTS = 20, 200

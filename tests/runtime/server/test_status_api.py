@@ -16,12 +16,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from runtime.server import create_app
-from runtime.server.routes.status import STATIC_FILES
+from runtime.server.status.routes import STATIC_FILES
 from runtime.server.wiring import build_state
 from tests.fixtures.prometheus import PromHandle
 from tests.runtime.server.live import ADMIN_TOKEN, API_KEY, LiveServer, light_settings
 
-STATIC = Path(__file__).parents[3] / "runtime" / "server" / "static"
+ROOT = Path(__file__).parents[3]
+STATIC = ROOT / "runtime" / "server" / "status" / "static"
 
 
 @pytest.fixture(scope="module")
@@ -234,9 +235,9 @@ def test_answers_match_a_real_prometheus(
 
 
 def test_the_package_ships_every_static_file() -> None:
-    text = (STATIC.parents[2] / "pyproject.toml").read_text()
-    line = re.search(r'^"runtime\.server" = \[(.*)\]$', text, flags=re.M)
-    assert line is not None, "no package-data for runtime.server"
+    text = (ROOT / "pyproject.toml").read_text()
+    line = re.search(r'^"runtime\.server\.status" = \[(.*)\]$', text, flags=re.M)
+    assert line is not None, "no package-data for runtime.server.status"
     patterns = re.findall(r'"([^"]+)"', line.group(1))
     for path in STATIC.iterdir():
         assert any(fnmatch.fnmatch(f"static/{path.name}", p) for p in patterns), path.name

@@ -30,7 +30,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from runtime.models import ops
-from runtime.server import status_page
+from runtime.server.status import page as status_page
 from runtime.server.wiring import build_state
 from tests.fixtures.browser import console_errors
 from tests.integration.support import MODEL, runtime_settings

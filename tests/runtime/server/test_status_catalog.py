@@ -10,8 +10,8 @@ import pytest
 
 from alerts.rules import load_rules
 from dashboards.queries import PROMQL, SQL, all_queries
-from runtime.server.status_catalog import PageWindow, build_catalog, expand
-from runtime.server.status_page import ordered_dashboards, page_retention_s
+from runtime.server.status.catalog import PageWindow, build_catalog, expand
+from runtime.server.status.page import ordered_dashboards, page_retention_s
 
 RULES = [r for g in load_rules() for r in g.rules]
 WINDOW = PageWindow.for_evaluator(interval_s=15.0, time_scale=1.0)

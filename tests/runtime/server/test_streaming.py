@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from runtime.server.streaming import sse, text_event_builder
+from runtime.server.openai.streaming import sse, text_event_builder
 
 
 def completion_chunk(text: str, finish_reason: str | None) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import pytest
 from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.stats import FanOut
 from runtime.memory import Allocator
-from runtime.server.tenancy import prefix_salt, tenant_of
+from runtime.server.openai.tenancy import prefix_salt, tenant_of
 from tests.runtime.server.live import (
     ADMIN_TOKEN,
     LiveServer,

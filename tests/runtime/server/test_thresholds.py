@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from runtime.engine.stats import VerificationResult
-from runtime.server.wiring import anomaly_threshold, build_state
+from runtime.server.wiring import build_state
+from storage.audit import anomaly_threshold
 from tests.runtime.server.live import engine_for, light_settings, router_of
 
 PER_DTYPE = [("float32", 1e-3), ("float16", 1e-2), ("bfloat16", 5e-2)]

@@ -15,9 +15,9 @@ from runtime.engine.reasons import FinishReason
 from runtime.engine.request import RequestHandle, TokenOutput
 from runtime.errors import InvalidRequestError
 from runtime.models.tokenizer import Tokenizer
-from runtime.server.schemas import ChatCompletionRequest, ChatMessage
-from runtime.server.tools import parse_tool_calls, plan_tools, render_chat_prompt
-from runtime.server.tools.stream import tool_events
+from runtime.server.openai.schemas import ChatCompletionRequest, ChatMessage
+from runtime.server.openai.tools import parse_tool_calls, plan_tools, render_chat_prompt
+from runtime.server.openai.tools.stream import tool_events
 
 ADD = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 TOOLS = [

@@ -1,0 +1,237 @@
+"""Prompt batches and `n` / `best_of` behind /v1/completions and /v1/chat/completions.
+
+Each prompt of a batch is an engine request of its own (ids `<id>`, `<id>-1`, ...; one span and
+one inference_log row each); each runs its `best_of` (else `n`) sequences as choices of one
+request (runtime.engine.choices: one prefill, forked block tables). The body answers them together,
+`choices[].index` in OpenAI's order: prompt p's j-th choice is index p * n + j. With best_of > n
+the n sequences of highest cumulative logprob are returned, best first. Usage counts each prompt's
+tokens once and the completion tokens of every sequence run (those best_of left out included).
+A prompt the engine refuses cancels those already submitted; a client that goes away cancels all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+
+from runtime.engine.constraints import ConstraintSpec
+from runtime.engine.reasons import FinishReason
+from runtime.engine.request import TokenOutput
+from runtime.engine.sampling import SamplingParams
+from runtime.errors import FastllmError, RequestCancelled
+from runtime.server.errors import error_payload
+from runtime.server.openai import generate as gen
+from runtime.server.openai.streaming import DONE, sse
+from runtime.serving.router import Route
+
+# (choice index in the body, text delta, finish_reason) -> one chunk's JSON object
+IndexedChunk = Callable[[int, str, str | None], dict[str, Any]]
+# the same from the outputs behind the delta too (logprobs, echo: runtime.server.openai.logprobs)
+IndexedOutputsChunk = Callable[[int, list[TokenOutput], str, str | None], dict[str, Any]]
+
+
+@dataclass
+class Choice:
+    index: int  # the engine's sequence index within its prompt
+    text: str = ""
+    finish_reason: str | None = None
+    completion_tokens: int = 0
+    cumulative_logprob: float | None = None
+    outputs: list[TokenOutput] = field(default_factory=list)  # for its logprobs and echo
+
+
+@dataclass
+class PromptResult:
+    choices: list[Choice] = field(default_factory=list)  # the returned ones, in order
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0  # of every sequence run
+
+
+def submit_prompts(
+    request: Request,
+    route: Route,
+    request_id: str,
+    prompts: list[list[int]],
+    params: Callable[[list[int]], SamplingParams],
+    *,
+    operation: str,
+    user: str | None,
+    constraint: ConstraintSpec | None = None,
+    cache_salt: str | None = None,
+) -> list[gen.Submitted]:
+    """`constraint`: every prompt's every choice follows it (each choice its own matcher);
+    `cache_salt`: the body's prefix-cache namespace, inside the key's tenant."""
+    subs: list[gen.Submitted] = []
+    try:
+        for k, ids in enumerate(prompts):
+            rid = request_id if k == 0 else f"{request_id}-{k}"
+            subs.append(
+                gen.submit(
+                    request,
+                    route,
+                    rid,
+                    ids,
+                    params(ids),
+                    operation=operation,
+                    user=user,
+                    constraint=constraint,
+                    cache_salt=cache_salt,
+                )
+            )
+    except BaseException:
+        for sub in subs:  # one refused prompt refuses the request: stop what already runs
+            sub.cancel()
+        raise
+    return subs
+
+
+async def _collect(sub: gen.Submitted, n: int) -> PromptResult:
+    result = PromptResult()
+    outputs: dict[int, list[TokenOutput]] = {}
+    finals: dict[int, TokenOutput] = {}
+    async for out in sub.handle:
+        if out.error is not None:
+            raise out.error
+        if out.finished_reason == FinishReason.CANCELLED:
+            raise RequestCancelled("the request was cancelled")
+        outputs.setdefault(out.index, []).append(out)
+        if out.is_final:
+            finals[out.index] = out
+    for index, final in sorted(finals.items()):
+        result.prompt_tokens, result.cached_tokens = final.prompt_tokens, final.cached_tokens
+        result.completion_tokens += final.completion_tokens
+        outs = outputs[index]
+        choice = Choice(index, "".join(o.text for o in outs), final.finished_reason, outputs=outs)
+        choice.completion_tokens, choice.cumulative_logprob = (
+            final.completion_tokens,
+            final.cumulative_logprob,
+        )
+        result.choices.append(choice)
+    if len(result.choices) > n:  # best_of: the n the model found most likely
+        ranked = sorted(result.choices, key=lambda c: -(c.cumulative_logprob or 0.0))
+        result.choices = ranked[:n]
+    return result
+
+
+def cancel_all(subs: list[gen.Submitted]) -> None:
+    for sub in subs:
+        sub.cancel()  # a no-op for those that finished
+
+
+async def join_prompts(request: Request, subs: list[gen.Submitted], n: int) -> list[PromptResult]:
+    """Every prompt's choices; a client that disconnects meanwhile cancels them all."""
+    results: asyncio.Future[list[PromptResult]] = asyncio.ensure_future(
+        asyncio.gather(*(_collect(sub, n) for sub in subs))
+    )
+    watcher: asyncio.Future[None] = asyncio.ensure_future(gen._wait_disconnect(request))
+    try:
+        waited: set[asyncio.Future[Any]] = {results, watcher}
+        done, _ = await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
+        if results not in done:
+            raise RequestCancelled("the client went away; the request was cancelled")
+        return await results
+    finally:
+        watcher.cancel()
+        results.cancel()
+        for sub in subs:
+            sub.cancel()  # a no-op for those that finished
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await watcher
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await results
+
+
+def total_usage(results: list[PromptResult], count_completion: bool = True) -> dict[str, Any]:
+    """`count_completion` False: max_tokens 0 with echo (the sampled tokens are left out)."""
+    return gen.usage(
+        sum(r.prompt_tokens for r in results),
+        sum(r.completion_tokens for r in results) if count_completion else 0,
+        sum(r.cached_tokens for r in results),
+    )
+
+
+async def choice_events(
+    subs: list[gen.Submitted],
+    n: int,
+    chunk: IndexedChunk,
+    *,
+    first: Callable[[int], dict[str, Any]] | None = None,
+    usage: Callable[[int, int, int], dict[str, Any]] | None = None,
+    continuous_usage: bool = False,
+    rich: IndexedOutputsChunk | None = None,
+) -> AsyncIterator[bytes]:
+    """SSE bytes for several prompts' choices (not best_of > n: the route refuses that): each
+    wake-up of a handle becomes one chunk per choice that moved, `choices[0].index` naming it.
+    `rich`: builds every chunk from its outputs instead (logprobs, echo), also when the text is
+    held back, so each token's logprobs go out with the chunk of that token."""
+    queue: asyncio.Queue[tuple[int, list[TokenOutput] | None]] = asyncio.Queue()
+
+    async def pump(p: int, sub: gen.Submitted) -> None:
+        try:
+            async for outputs in sub.handle.batches():
+                queue.put_nowait((p, outputs))
+        finally:
+            queue.put_nowait((p, None))
+
+    prompt_tokens = [0] * len(subs)
+    cached_tokens = [0] * len(subs)
+    completion: dict[tuple[int, int], int] = {}
+
+    def usage_now() -> dict[str, Any]:
+        return gen.usage(sum(prompt_tokens), sum(completion.values()), sum(cached_tokens))
+
+    tasks = [asyncio.ensure_future(pump(p, sub)) for p, sub in enumerate(subs)]
+    try:
+        if first is not None:
+            for index in range(len(subs) * n):
+                yield sse(first(index))
+        num_open = len(subs)
+        while num_open:
+            p, outputs = await queue.get()
+            if outputs is None:
+                num_open -= 1
+                continue
+            by_choice: dict[int, list[TokenOutput]] = {}
+            for out in outputs:
+                by_choice.setdefault(out.index, []).append(out)
+            for j, outs in by_choice.items():
+                last = outs[-1]
+                prompt_tokens[p], cached_tokens[p] = last.prompt_tokens, last.cached_tokens
+                completion[(p, j)] = last.completion_tokens
+                text = "".join(out.text for out in outs)
+                error: FastllmError | None = last.error
+                if error is None and last.finished_reason == FinishReason.CANCELLED:
+                    error = RequestCancelled("the request was cancelled")
+                if error is not None:
+                    if text:
+                        yield sse(
+                            chunk(p * n + j, text, None)
+                            if rich is None
+                            else rich(p * n + j, outs, text, None)
+                        )
+                    yield sse(error_payload(error.message, error.error_type, code=error.code))
+                    return
+                if rich is not None:
+                    payload = rich(p * n + j, outs, text, last.finished_reason)
+                    if continuous_usage:
+                        payload["usage"] = usage_now()
+                    yield sse(payload)
+                elif text or last.finished_reason is not None:
+                    payload = chunk(p * n + j, text, last.finished_reason)
+                    if continuous_usage:
+                        payload["usage"] = usage_now()
+                    yield sse(payload)
+        if usage is not None:
+            yield sse(usage(sum(prompt_tokens), sum(completion.values()), sum(cached_tokens)))
+        yield DONE
+    finally:
+        for task in tasks:
+            task.cancel()
+        for sub in subs:
+            sub.cancel()  # the client went away mid-stream: free the KV now

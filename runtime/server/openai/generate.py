@@ -1,0 +1,172 @@
+"""From a validated OpenAI body to a running engine request, and back to a response.
+
+Shared by /v1/completions and /v1/chat/completions: route the model, open the trace span, submit,
+then either join the result or stream it. Once `submit` returned (or refused with Overloaded) the
+engine owns the request's stats; `request.state.engine_recorded` tells the error handlers so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+
+from runtime.engine.constraints import ConstraintSpec
+from runtime.engine.reasons import FinishReason
+from runtime.engine.request import GenerationRequest, RequestHandle, TokenOutput
+from runtime.engine.sampling import SamplingParams
+from runtime.errors import Overloaded, RequestCancelled
+from runtime.server.openai.controls import control_fields
+from runtime.server.openai.schemas import _Sampling
+from runtime.server.openai.tenancy import prefix_salt, tenant_of
+from runtime.server.state import get_state
+from runtime.serving.router import Route
+
+
+@dataclass
+class Submitted:
+    request_id: str
+    created: int
+    route: Route
+    handle: RequestHandle
+
+    def cancel(self) -> None:
+        if not self.handle.finished:
+            self.route.engine.cancel(self.request_id)
+
+
+def begin(request: Request, prefix: str, model: str, operation: str) -> str:
+    """Name the request (its id, model and operation are what a failure record carries)."""
+    request_id = f"{prefix}-{uuid.uuid4().hex}"
+    request.state.request_id = request_id
+    request.state.model = model
+    request.state.operation = operation
+    return request_id
+
+
+def sampling_params(body: _Sampling, max_tokens: int, **logprobs: Any) -> SamplingParams:
+    """`logprobs`: the route's logprobs fields (runtime.server.openai.controls)."""
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed,
+        stop=body.stop_strings,
+        ignore_eos=body.ignore_eos,
+        n=body.n,
+        best_of=getattr(body, "best_of", None),  # completions only
+        **control_fields(body),
+        **logprobs,
+    )
+
+
+def default_max_tokens(engine: Any, num_prompt_tokens: int, default: int) -> int:
+    """OpenAI's default when max_tokens is absent, capped by what the context leaves."""
+    context = int(engine.loaded.args.max_position_embeddings)
+    return max(1, min(default, context - num_prompt_tokens))
+
+
+def submit(
+    request: Request,
+    route: Route,
+    request_id: str,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    *,
+    operation: str,
+    user: str | None,
+    constraint: ConstraintSpec | None = None,
+    cache_salt: str | None = None,
+) -> Submitted:
+    state = get_state(request)
+    settings = state.settings
+    tenant = tenant_of(request.headers.get("authorization"), settings.api_keys)
+    salt = prefix_salt(tenant, cache_salt, shared=settings.prefix_cache_shared_across_keys)
+    traceparent = request.headers.get("traceparent")
+    if state.start_span is not None:
+        attributes = {
+            "gen_ai.operation.name": operation,
+            "gen_ai.request.model": route.model,
+            "gen_ai.request.max_tokens": params.max_tokens,
+        }
+        state.start_span(request_id, traceparent, attributes)
+    generation = GenerationRequest(
+        request_id=request_id,
+        prompt_token_ids=prompt_ids,
+        sampling=params,
+        model=route.model,
+        version=route.version,
+        operation=operation,
+        traceparent=traceparent,
+        user=user,
+        constraint=constraint,
+        cache_salt=salt,
+    )
+    if state.tenants is not None:
+        state.tenants.expect(request_id, tenant)
+    try:
+        handle = route.engine.submit(generation)
+    except Overloaded:
+        request.state.engine_recorded = True  # the engine counted its own refusal
+        raise
+    request.state.engine_recorded = True
+    return Submitted(request_id, int(time.time()), route, handle)
+
+
+async def join(request: Request, submitted: Submitted) -> TokenOutput:
+    """The whole completion; a client that disconnects meanwhile cancels the request."""
+    result = asyncio.ensure_future(submitted.handle.aresult())
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({result, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if result not in done:
+            submitted.cancel()  # the handle then ends with "cancelled" at once
+        out = await result
+        if out.finished_reason == FinishReason.CANCELLED:
+            raise RequestCancelled("the client went away; the request was cancelled")
+        return out
+    finally:
+        watcher.cancel()
+        if not result.done():  # this handler itself was cancelled
+            submitted.cancel()
+            result.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await watcher
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's usage object; `prompt_tokens_details.cached_tokens` counts the prompt tokens
+    whose KV the prefix cache supplied (included in prompt_tokens, as OpenAI counts them)."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def usage_chunk_builder(
+    base: Callable[[], dict[str, Any]],
+) -> Callable[[int, int, int], dict[str, Any]]:
+    """The final streamed chunk of include_usage: no choices, just the usage."""
+
+    def build(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+        payload = base()
+        payload["choices"] = []
+        payload["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
+        return payload
+
+    return build

@@ -1,0 +1,331 @@
+"""OpenAI-compatible request and response bodies (the subset this server speaks).
+
+Requests are strict (`"5"` is not an integer) and ignore unknown fields, as OpenAI-compatible
+servers do, so clients that send extra parameters keep working; OpenAI's own fields that this
+server does not implement (suffix, functions, ...) are refused unless sent with
+their neutral value (runtime.server.openai.unsupported). These models are also what /openapi.json
+documents, so schemathesis generates cases from exactly these rules.
+
+Chat content may be a list of parts (what current OpenAI SDK examples, LangChain and benchmark
+tools send): `[{"type": "text", "text": "..."}, ...]`. Text parts are joined with a newline, as
+vLLM joins them; any other part type (image_url, input_audio, file, ...) is a 400 naming the type,
+since this server runs text models only.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from runtime.engine.logits.params import MAX_LOGPROBS
+from runtime.engine.sampling import MAX_CHOICES
+from runtime.server.openai.logprobs import ChatLogprobs, CompletionLogprobs
+from runtime.server.openai.structured import ChatToolFields, StructuredFields, ToolCall
+from runtime.server.openai.unsupported import (
+    CHAT_FIELDS,
+    COMPLETION_FIELDS,
+    EMBEDDING_FIELDS,
+    UNSUPPORTED,
+    refuse_unsupported,
+)
+
+# Bounds a client may send; the engine and the model's context bound them further (as 400s).
+MAX_STOP = 4
+MAX_PROMPTS = 32  # prompts in one completions request (each runs as a request of its own)
+MAX_STOP_TOKEN_IDS = 64
+# seeds within the doubles' exact integers, so every JSON encoder round-trips them exactly
+SEED_MIN, SEED_MAX = -(2**53 - 1), 2**53 - 1
+
+
+def _integral(value: Any) -> Any:
+    # JSON Schema counts 3.0 as an integer; strict pydantic would not. Strings stay refused.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# bounds sit inside the Annotated so /openapi.json shows them as minimum / maximum
+PositiveInt = Annotated[int, Field(ge=1), BeforeValidator(_integral)]
+Choices = Annotated[int, Field(ge=1, le=MAX_CHOICES), BeforeValidator(_integral)]
+NonNegativeInt = Annotated[int, Field(ge=0), BeforeValidator(_integral)]
+TopLogprobs = Annotated[int, Field(ge=0, le=MAX_LOGPROBS), BeforeValidator(_integral)]
+Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX), BeforeValidator(_integral)]
+TokenId = Annotated[int, Field(ge=0, le=2**31 - 1), BeforeValidator(_integral)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+NonEmptyStr = Annotated[str, Field(min_length=1)]
+# logit_bias: token ids as JSON object keys; the schema states that no other key is allowed
+_TOKEN_KEY = r"^[0-9]{1,10}$"
+LogitBias = Annotated[
+    dict[Annotated[str, Field(pattern=_TOKEN_KEY)], Annotated[float, Field(ge=-100.0, le=100.0)]],
+    WithJsonSchema(
+        {
+            "type": "object",
+            "propertyNames": {"pattern": _TOKEN_KEY},
+            "additionalProperties": {"type": "number", "minimum": -100.0, "maximum": 100.0},
+        }
+    ),
+]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+    continuous_usage_stats: bool = Field(False, description="extension (as vLLM): usage per chunk")
+
+
+class _Sampling(_Request, StructuredFields):
+    model: str = Field(min_length=1, max_length=256)
+    max_tokens: PositiveInt | None = Field(None, description="default 16 (completions), 256 (chat)")
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    n: Choices = Field(1, description=f"choices per prompt (at most {MAX_CHOICES})")
+    stop: NonEmptyStr | Annotated[list[NonEmptyStr], Field(max_length=MAX_STOP)] | None = None
+    seed: Seed | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = Field(None, max_length=256)
+    ignore_eos: bool = Field(False, description="extension (as vLLM): run to max_tokens")
+    cache_salt: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description="extension (as vLLM): only requests with the same salt share cached prefixes",
+    )
+    # sampling controls (runtime.engine.logits; runtime.server.openai.controls maps them)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(1.0, ge=0.01, le=2.0, description="extension (as vLLM)")
+    logit_bias: LogitBias | None = Field(
+        None, description="token id (as a string) -> bias added to its logit"
+    )
+    min_tokens: NonNegativeInt = Field(0, description="extension (as vLLM): eos held off")
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
+    return_tokens_as_token_ids: bool = Field(False, description="extension (as vLLM)")
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.continuous_usage_stats
+
+
+class CompletionRequest(_Sampling):
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data: Any) -> Any:
+        return refuse_unsupported(data, COMPLETION_FIELDS)
+
+    max_tokens: NonNegativeInt | None = Field(
+        None, description="default 16; 0 only with echo (score the prompt, generate nothing)"
+    )
+    logprobs: TopLogprobs | None = Field(None, description="alternatives per token (0-20)")
+    echo: bool = Field(False, description="the prompt before the completion (and its logprobs)")
+
+    # a string, token ids, or a batch of either (one request per prompt, answered together)
+    prompt: (
+        NonEmptyStr
+        | TokenIds
+        | Annotated[list[NonEmptyStr], Field(min_length=1, max_length=MAX_PROMPTS)]
+        | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)]
+    )
+    best_of: Choices | None = Field(
+        None, description="sequences per prompt (>= n); the n of highest cumulative logprob"
+    )
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        p = self.prompt
+        if isinstance(p, list) and p and isinstance(p[0], str | list):
+            return list(p)  # type: ignore[arg-type]
+        return [p]  # type: ignore[list-item]
+
+    @property
+    def single_prompt(self) -> str | list[int]:
+        return self.prompts[0]
+
+
+# chat content as a list of parts (the module's docstring)
+MAX_PARTS = 256
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    type: Literal["text"]
+    text: str
+
+
+def _refuse_other_parts(value: Any) -> Any:
+    if isinstance(value, list):
+        for part in value:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(kind, str) and kind != "text":
+                raise PydanticCustomError(
+                    UNSUPPORTED,
+                    "content part type '{part_type}' is not supported by this server "
+                    "(only text parts)",
+                    {"field": "messages", "part_type": kind[:64]},
+                )
+    return value
+
+
+ContentParts = Annotated[
+    list[TextPart], Field(min_length=1, max_length=MAX_PARTS), BeforeValidator(_refuse_other_parts)
+]
+
+
+class ChatMessage(_Request):
+    role: Literal["system", "user", "assistant", "tool"]
+    # a list of text parts is joined (ContentParts above); None: an assistant turn that
+    # only called tools
+    content: str | ContentParts | None = None
+    # an assistant turn's calls (runtime.server.openai.tools)
+    tool_calls: list[ToolCall] | None = Field(None, max_length=16)
+    tool_call_id: str | None = None  # a tool result: the call it answers
+    name: str | None = None
+
+    @property
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(_Sampling, ChatToolFields):
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data: Any) -> Any:
+        return refuse_unsupported(data, CHAT_FIELDS)
+
+    messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
+    max_completion_tokens: PositiveInt | None = Field(None, description="alias of max_tokens")
+    logprobs: bool = False
+    top_logprobs: TopLogprobs | None = Field(None, description="with logprobs: alternatives")
+
+
+class EmbeddingRequest(_Request):
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data: Any) -> Any:
+        return refuse_unsupported(data, EMBEDDING_FIELDS)
+
+    model: str = Field(min_length=1, max_length=256)
+    input: NonEmptyStr | Annotated[list[NonEmptyStr], Field(min_length=1, max_length=256)]
+    encoding_format: Literal["float", "base64"] = "float"
+    user: str | None = Field(None, max_length=256)
+
+
+class BatchPolicyRequest(_Request):
+    min_util: float = Field(ge=0.0, le=1.0)
+    max_util: float = Field(ge=0.0, le=1.0)
+    step_size: float = Field(gt=0.0, le=1.0)
+
+
+# --- responses ------------------------------------------------------------------------------------
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int = 0
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None  # completions and chat
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: Literal["stop", "length"] | None = None
+    logprobs: CompletionLogprobs | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
+    logprobs: ChatLogprobs | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    system_fingerprint: str | None = None
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str  # str: base64 of little-endian float32
+
+
+class EmbeddingResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: Usage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "fastllm"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
