@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections import Counter
 from pathlib import Path
 
 
@@ -27,15 +26,16 @@ def main(argv: list[str] | None = None) -> None:
     times = load(args.folder)
     if not times:
         parser.error(f"no report in {args.folder}")
-    per_file: Counter[str] = Counter()
+    per_file: dict[str, float] = {}
     for nodeid, seconds in times.items():
-        per_file[nodeid.split("::", 1)[0]] += seconds
+        name = nodeid.split("::", 1)[0]
+        per_file[name] = per_file.get(name, 0.0) + seconds
     print(f"{len(times)} tests, {sum(times.values()):.0f} CPU s")
     print("\ncostliest files (CPU s):")
-    for name, seconds in per_file.most_common(args.top):
+    for name, seconds in sorted(per_file.items(), key=lambda kv: -kv[1])[: args.top]:
         print(f"{seconds:8.1f}  {name}")
     print("\ncostliest tests (CPU s):")
-    for nodeid, seconds in Counter(times).most_common(args.top):
+    for nodeid, seconds in sorted(times.items(), key=lambda kv: -kv[1])[: args.top]:
         print(f"{seconds:8.1f}  {nodeid}")
 
 
