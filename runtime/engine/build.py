@@ -98,7 +98,7 @@ def build_parts(
     core = EngineCore(
         config,
         Scheduler(config.scheduler, kv_cache),
-        ModelRunner(loaded, kv_cache, _fast_path(config, loaded)),
+        ModelRunner(loaded, _fast_path(config, loaded)),
         controller,
         tracker,
         sink,

@@ -1,4 +1,5 @@
-"""The engine's step loop on its own thread: schedule() → execute() → update_from_output().
+"""The engine's step loop on its own thread, as nano-vllm's `step()`: schedule, run, postprocess
+(the scheduler's KV bookkeeping, then each sampled token to its sequence), record.
 
 One lock (`self.lock`, a Condition) guards the scheduler, the live sequences and the pending stats;
 it is held while scheduling and updating, never during the model forward, so `submit` and
@@ -179,7 +180,6 @@ class EngineCore:
                     self._fail_live(exc)  # a dead loop would leave every request hanging
                     self.lock.wait(self.config.idle_wait_s)  # a fault every round: no spin
                     continue
-                binds = self._limit_binds(limit)
                 if batch.is_empty:
                     records, self.records = self.records, []
                     if not records:
@@ -189,7 +189,7 @@ class EngineCore:
                 else:
                     self.in_flight = {item.seq.request_id for item in batch.items}
             if not batch.is_empty:
-                self._step(batch, limit, binds)
+                self._step(batch)
             elif records:
                 self.emit(None, records)
             # between steps and outside the lock: the heap's free pages back to the OS now and
@@ -203,29 +203,19 @@ class EngineCore:
         except Exception:  # a diagnostic must never stop the loop
             log.exception("idle self-check failed")
 
-    def _limit_binds(self, limit: int) -> bool:
-        """After schedule(): requests left waiting with the batch at the limit (see StepStats)."""
-        return self.scheduler.num_waiting > 0 and self.scheduler.num_running >= limit
-
     def step_once(self, limit: int) -> bool:
         """One step in the calling thread (the load-time warm-up, before the loop starts);
         False when nothing could be scheduled."""
         assert self._thread is None, "step_once is for before start()"
         with self.lock:
             batch = self.scheduler.schedule(limit)
-            binds = self._limit_binds(limit)
             if batch.is_empty:
                 return False
             self.in_flight = {item.seq.request_id for item in batch.items}
-        self._step(batch, limit, binds)
+        self._step(batch)
         return True
 
-    def _step(self, batch: SchedulerOutput, limit: int, binds: bool = False) -> None:
-        pairs = sum(  # before the update moves num_computed_tokens (see StepStats)
-            item.num_new_tokens * item.seq.num_computed_tokens
-            + item.num_new_tokens * (item.num_new_tokens + 1) // 2
-            for item in batch.items
-        )
+    def _step(self, batch: SchedulerOutput) -> None:
         started_ts, t0 = time.time(), time.perf_counter()
         error: Exception | None = None
         try:
@@ -245,34 +235,25 @@ class EngineCore:
             else:
                 self.update_from_output(batch, sampled)
             self.num_steps += 1
-            num_tokens = batch.num_prefill_tokens + batch.num_decode_tokens
-            rate = num_tokens / max(time.time() - started_ts, 1e-6)
-            self.tokens_per_s = (
-                rate if self.num_steps == 1 else 0.8 * self.tokens_per_s + 0.2 * rate
-            )
-            step = StepStats(
-                ts=time.time(),
+            self._update_rate(batch, started_ts)
+            step = self.scheduler.make_stats(
+                batch,
                 step_id=self.num_steps,
-                num_seqs=len(batch.items),
-                num_prefill_tokens=batch.num_prefill_tokens,
-                num_decode_tokens=batch.num_decode_tokens,
                 num_sampled=sum(1 for token in sampled if token is not None),
-                busy_seconds=busy_s,
-                num_running=self.scheduler.num_running,
-                num_waiting=self.scheduler.num_waiting,
-                batch_size_limit=limit,
-                request_ids=tuple(item.seq.request_id for item in batch.items),
+                busy_s=busy_s,
                 started_ts=started_ts,
                 model=self.config.model_name,
                 version=self.config.model_version,
-                num_attention_pairs=pairs,
-                limit_binds=binds,
-                kv=self.scheduler.kv_stats(),
             )
             records, self.records = self.records, []
         if error is None:  # a failed step's time says nothing about the cost of its work
             self.controller.observe(step)
         self.emit(step, records)
+
+    def _update_rate(self, batch: SchedulerOutput, started_ts: float) -> None:
+        num_tokens = batch.num_prefill_tokens + batch.num_decode_tokens
+        rate = num_tokens / max(time.time() - started_ts, 1e-6)
+        self.tokens_per_s = rate if self.num_steps == 1 else 0.8 * self.tokens_per_s + 0.2 * rate
 
     def emit(self, step: StepStats | None, records: list[RequestStats]) -> None:
         if self.sink is None:
@@ -283,13 +264,12 @@ class EngineCore:
             self.sink.record(step=step, finished=records)
 
     def update_from_output(self, batch: SchedulerOutput, sampled: list[int | None]) -> None:
+        self.scheduler.update_from_output(batch)  # cursors, published pages, closed ones freed
         batch_size = len(batch.items)
         for item, token_id in zip(batch.items, sampled, strict=True):
             seq = item.seq
-            if seq.is_closed:  # cancelled / timed out during the forward: free its KV now
-                self.scheduler.finish(seq)
+            if seq.is_closed:
                 continue
-            seq.num_computed_tokens += item.num_new_tokens
             seq.stats.batch_size = max(seq.stats.batch_size, batch_size)
             if token_id is None:
                 continue  # a prefill chunk that ended mid-prompt
@@ -334,9 +314,7 @@ class EngineCore:
         """Device memory ran out inside the forward (activations, not KV): preempt the newest
         running sequence (free its KV, requeue it for recompute) and retry the rest next step.
         A sequence alone in the batch cannot make room by waiting: it fails."""
-        for item in batch.items:
-            if item.seq.kv is not None:  # rewind a cursor the runner may have advanced
-                item.seq.kv.num_tokens = item.seq.num_computed_tokens
+        for item in batch.items:  # no cursor moved: the step's tokens are fed again
             if item.seq.is_closed:
                 self.scheduler.finish(item.seq)
         live = [s for s in self.scheduler.running if not s.is_closed]

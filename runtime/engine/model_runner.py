@@ -2,8 +2,9 @@
 
 All sequences' new tokens go into one packed `input_ids[T]` (prefill chunks and decodes side by
 side); the model writes each sequence's K/V into its pages (the scheduler appended the pages they
-need) and returns `hidden[T, H]`. Pages the step filled are then keyed for prefix reuse. Only the
-last row of a sequence whose chunk reaches its end is turned into logits and sampled.
+need) and returns `hidden[T, H]`; the cursors stay where they were (the scheduler's
+`update_from_output` moves them and keys the filled pages for prefix reuse). Only the last row
+of a sequence whose chunk reaches its end is turned into logits and sampled.
 A step of decodes only (one token per sequence) goes through the fast path when one was built
 (`runtime.models.fast`: the same forward compiled and/or captured per batch bucket on CUDA);
 any other step calls the model's forward directly.
@@ -22,7 +23,6 @@ from runtime.engine.logprobs import asks_sampled_logprobs, prompt_logprobs, samp
 from runtime.engine.sampling import sample
 from runtime.engine.scheduler import SchedulerOutput
 from runtime.engine.sequence import Sequence
-from runtime.memory.kv_cache import KVCache
 from runtime.models.base import CausalLM, SeqSlice
 from runtime.models.fast.build import FastPath
 from runtime.models.loader import LoadedModel
@@ -32,11 +32,9 @@ class ModelRunner:
     def __init__(
         self,
         loaded: LoadedModel,
-        kv_cache: KVCache | None = None,
         fast_path: FastPath | None = None,
     ) -> None:
         self.loaded = loaded
-        self.kv_cache = kv_cache  # None: nothing keyed for prefix reuse
         self.model = cast(CausalLM, loaded.model)
         self.device = loaded.device
         self.fast_path = fast_path
@@ -49,7 +47,7 @@ class ModelRunner:
         slices: list[SeqSlice] = []
         for item in batch.items:
             seq = item.seq
-            assert seq.kv is not None and seq.kv.num_tokens == seq.num_computed_tokens
+            assert seq.kv is not None
             start = len(flat_ids)
             flat_ids.extend(seq.pending_token_ids(item.num_new_tokens))
             slices.append(SeqSlice(start=start, end=len(flat_ids), kv=seq.kv))
@@ -59,12 +57,6 @@ class ModelRunner:
             self.num_fast_steps += 1
         else:
             hidden = self.model(input_ids, slices)
-        # the KV of every fed token is written now: advance each cursor once (model contract)
-        for item, piece in zip(batch.items, slices, strict=True):
-            piece.kv.advance(item.num_new_tokens)
-            if self.kv_cache is not None:
-                self.kv_cache.cache_full_pages(piece.kv, item.seq.token_slice)
-
         for item, piece in zip(batch.items, slices, strict=True):
             if item.seq.needs_prompt_logits:  # echo + logprobs: this chunk's prompt positions
                 self._prompt_logprobs(item.seq, hidden[piece.start : piece.end])

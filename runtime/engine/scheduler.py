@@ -15,19 +15,26 @@ Each step:
      room the head of the queue is held (nobody overtakes it, so nobody starves); nobody is
      admitted in a step that had to preempt.
 `preempt` is also what the engine calls when a forward runs out of device memory elsewhere.
+
+The scheduler owns the KV bookkeeping (as vLLM's scheduler and nano-vllm's do): `schedule()`
+takes pages (a new sequence's only once `probe` says they are there: admission never allocates
+and frees again), `update_from_output()` moves the cursors over what the forward wrote and
+publishes the pages it filled for prefix reuse, `finish` / `preempt` free. A sequence's one token
+cursor is its KV's (`Sequence.num_computed_tokens` reads it). `make_stats()` describes a step.
 """
 
 from __future__ import annotations
 
 import bisect
+import time
 from collections import deque
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from runtime.engine.sequence import Sequence, SequenceStatus
-from runtime.engine.stats import RequestEvent
-from runtime.memory.kv_cache import SequenceKV
+from runtime.engine.stats import RequestEvent, StepStats
+from runtime.memory.kv_cache import PrefixProbe, SequenceKV, TokenSlice
 from runtime.memory.stats import KVCacheStats
 
 
@@ -37,12 +44,14 @@ class KVSpace(Protocol):
     @property
     def num_pages(self) -> int: ...
 
+    def probe(self, token_ids: Seq[int], salt: str = "") -> PrefixProbe: ...
     def allocate(self, seq_id: str, token_ids: Seq[int], salt: str = "") -> SequenceKV: ...
     def ensure(self, kv: SequenceKV, num_new_tokens: int) -> bool: ...
     def fork(self, parent: SequenceKV, seq_id: str) -> SequenceKV | None: ...
     def pages_for(self, num_tokens: int) -> int: ...
     def num_available_pages(self) -> int: ...
     def count_prefix_query(self, num_tokens: int, num_hit_tokens: int) -> None: ...
+    def cache_full_pages(self, kv: SequenceKV, tokens: TokenSlice) -> None: ...
     def free(self, seq_id: str) -> None: ...
     def stats(self) -> KVCacheStats: ...
 
@@ -74,6 +83,12 @@ class SchedulerOutput:
     num_prefill_tokens: int = 0  # tokens fed by sequences still in (chunked) prefill
     num_decode_tokens: int = 0
     num_preempted: int = 0  # sequences preempted while making this step
+    batch_size_limit: int = 0  # the sequence cap this step was scheduled under
+    # requests left waiting with the batch at the cap: the cap, not the queue, bound the step
+    limit_binds: bool = False
+    # sum over items of the (query, key) pairs its new tokens attend: taken at schedule time,
+    # before the update moves the cursors (see StepStats)
+    num_attention_pairs: int = 0
 
     @property
     def is_empty(self) -> bool:
@@ -146,6 +161,13 @@ class Scheduler:
                 break  # hold the head: FIFO order, no overtaking
             budget -= admitted
             self._take(out, seq, admitted)
+        out.batch_size_limit = max_num_seqs
+        out.limit_binds = self.num_waiting > 0 and self.num_running >= max_num_seqs
+        out.num_attention_pairs = sum(
+            item.num_new_tokens * item.seq.num_computed_tokens
+            + item.num_new_tokens * (item.num_new_tokens + 1) // 2
+            for item in out.items
+        )
         return out
 
     def _budget_left(self, out: SchedulerOutput) -> int:
@@ -171,22 +193,24 @@ class Scheduler:
     def _admit(self, seq: Sequence, budget: int) -> int | None:
         """Start the queue head: KV from its longest cached prefix plus pages for its first
         chunk. The tokens of that chunk, or None (nothing taken) when there is no room."""
-        kv = self.kv.allocate(seq.request_id, seq.cache_lookup_ids, salt=seq.request.cache_salt)
-        num_tokens = min(seq.num_tokens - kv.num_tokens, budget)
+        ids, salt = seq.cache_lookup_ids, seq.request.cache_salt
+        prefix = self.kv.probe(ids, salt)
+        num_tokens = min(seq.num_tokens - prefix.num_tokens, budget)
         wanted = (
-            seq.kv_capacity if self.config.reserve_full_sequence else kv.num_tokens + num_tokens
+            seq.kv_capacity if self.config.reserve_full_sequence else prefix.num_tokens + num_tokens
         )
-        need = self.kv.pages_for(wanted) - len(kv.page_ids)
+        need = self.kv.pages_for(wanted) - self.kv.pages_for(prefix.num_tokens)
         # the running sequences' next pages come first: leave a little headroom for them (none
         # needed when every sequence got all its pages up front)
         headroom = min(len(self.running), max(1, self.kv.num_pages // 100))
         if self.config.reserve_full_sequence:
             headroom = 0
-        if need + headroom > self.kv.num_available_pages() or not self.kv.ensure(
-            kv, wanted - kv.num_tokens
-        ):
+        if need + headroom > self.kv.num_available_pages() - prefix.num_idle_pages:
+            return None  # nothing was taken
+        kv = self.kv.allocate(seq.request_id, ids, salt=salt)
+        if not self.kv.ensure(kv, wanted - kv.num_tokens):  # the probe said there is room
             self.kv.free(seq.request_id)
-            return None
+            raise RuntimeError(f"KV probe and allocation disagree for {seq.request_id}")
         self.waiting.popleft()
         self.num_queued_forks -= len(seq.pending_forks)
         self.num_queued_tokens -= seq.num_prompt_tokens
@@ -194,7 +218,6 @@ class Scheduler:
             self.kv.count_prefix_query(seq.num_prompt_tokens, kv.num_cached_tokens)
             seq.stats.cached_tokens = kv.num_cached_tokens
         seq.kv, seq.status = kv, SequenceStatus.RUNNING
-        seq.num_computed_tokens = kv.num_tokens
         bisect.insort(self.running, seq, key=lambda s: s.arrival_index)
         seq.mark(RequestEvent.SCHEDULED)
         return num_tokens
@@ -217,6 +240,51 @@ class Scheduler:
     def _is_decode(seq: Sequence, num_tokens: int) -> bool:
         return num_tokens == 1 and seq.num_pending_tokens == 1 and bool(seq.output_token_ids)
 
+    def update_from_output(self, batch: SchedulerOutput) -> None:
+        """After a forward that succeeded: each cursor moves over the tokens it wrote, and the
+        pages they filled are published for prefix reuse; a sequence closed while its forward
+        ran (cancelled, timed out) is freed now (the forward was still writing into it)."""
+        for item in batch.items:
+            seq = item.seq
+            if seq.is_closed:
+                self.finish(seq)
+                continue
+            assert seq.kv is not None
+            seq.kv.advance(item.num_new_tokens)
+            self.kv.cache_full_pages(seq.kv, seq.token_slice)
+
+    def make_stats(
+        self,
+        batch: SchedulerOutput,
+        *,
+        step_id: int,
+        num_sampled: int,
+        busy_s: float,
+        started_ts: float,
+        model: str,
+        version: str,
+    ) -> StepStats:
+        """The step as the sinks see it; queue and KV figures as they stand after its update."""
+        return StepStats(
+            ts=time.time(),
+            step_id=step_id,
+            num_seqs=len(batch.items),
+            num_prefill_tokens=batch.num_prefill_tokens,
+            num_decode_tokens=batch.num_decode_tokens,
+            num_sampled=num_sampled,
+            busy_seconds=busy_s,
+            num_running=self.num_running,
+            num_waiting=self.num_waiting,
+            batch_size_limit=batch.batch_size_limit,
+            request_ids=tuple(item.seq.request_id for item in batch.items),
+            started_ts=started_ts,
+            model=model,
+            version=version,
+            num_attention_pairs=batch.num_attention_pairs,
+            limit_binds=batch.limit_binds,
+            kv=self.kv_stats(),
+        )
+
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Start a choice of `parent`'s request right after its prefill, sharing its block table
         (runtime.engine.choices); with no page for the fork it is queued at the front like a
@@ -226,12 +294,11 @@ class Scheduler:
         child.stats.scheduled_ts = parent.stats.scheduled_ts  # no second prefix-cache query
         kv = self.kv.fork(parent.kv, child.request_id)
         if kv is None:
-            child.status, child.num_computed_tokens = SequenceStatus.WAITING, 0
+            child.status = SequenceStatus.WAITING
             self.waiting.appendleft(child)
             self.num_queued_tokens += child.num_prompt_tokens
             return
         child.kv, child.status = kv, SequenceStatus.RUNNING
-        child.num_computed_tokens = kv.num_tokens
         bisect.insort(self.running, child, key=lambda s: s.arrival_index)
 
     def finish(self, seq: Sequence) -> None:
@@ -248,8 +315,7 @@ class Scheduler:
     def preempt(self, seq: Sequence) -> None:
         """Free a running sequence's KV and requeue it at the front for recompute."""
         self.running.remove(seq)
-        self._free(seq)
-        seq.num_computed_tokens = 0
+        self._free(seq)  # its cursor with it: num_computed_tokens reads 0
         seq.num_preemptions += 1
         self.num_preemptions += 1
         seq.status = SequenceStatus.WAITING

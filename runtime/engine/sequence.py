@@ -2,8 +2,9 @@
 
 Token accounting (the scheduler reasons only with these counts, never with tensors):
     token_ids          = prompt_token_ids + output_token_ids
-    num_computed_tokens  tokens whose K/V are in `kv` (== kv.num_tokens after each step); starts at
-                         the cached prefix the KV cache found when the sequence was scheduled
+    num_computed_tokens  tokens whose K/V are in `kv`: the KV's own cursor (0 without KV), one
+                         count for one fact; starts at the cached prefix the KV cache found when
+                         the sequence was scheduled, moved by the scheduler after each forward
     num_pending_tokens   token_ids[num_computed_tokens:], what the next steps must feed the model
 A step that feeds the last pending token samples the next one; a step that feeds a prefix of a
 long prompt (a prefill chunk) samples nothing. A preempted sequence drops its KV and recomputes
@@ -44,7 +45,6 @@ class Sequence:
     stop_checker: StopChecker
     generator: torch.Generator | None = None  # per-request seeded sampling state
     output_token_ids: list[int] = field(default_factory=list)
-    num_computed_tokens: int = 0
     kv: SequenceKV | None = None
     status: SequenceStatus = SequenceStatus.WAITING
     num_preemptions: int = 0
@@ -103,6 +103,10 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.request.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_computed_tokens(self) -> int:
+        return 0 if self.kv is None else self.kv.num_tokens
 
     @property
     def num_pending_tokens(self) -> int:

@@ -7,6 +7,8 @@ attends over [0, num_tokens + n); the caller then calls `advance(n)` once. The m
 advances the cursor itself, so every layer of one forward sees the same `num_tokens`.
 
 `KVCache` (the verbs the scheduler uses; every one under one lock):
+  probe(token_ids)             what allocate would find, taking nothing: the scheduler asks
+                               before it admits, so admission never allocates and frees again
   allocate(seq_id, token_ids)  a block table starting with the longest cached prefix (full pages,
                                refcounted, at most all but the last token so one is computed)
   ensure(kv, n)                pages for n more tokens, appended as needed: no max_tokens
@@ -24,6 +26,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -38,6 +41,16 @@ if TYPE_CHECKING:
     from runtime.memory import Allocator, LiveBlock
 
 TokenSlice = Callable[[int, int], Sequence[int]]  # (start, end) -> the sequence's token ids
+
+
+@dataclass(frozen=True)
+class PrefixProbe:
+    """The cached prefix a sequence would start from, found without holding it."""
+
+    num_tokens: int  # tokens of K/V already stored (whole pages)
+    # of its pages, those no sequence holds now: `num_available_pages` counts them as room, and
+    # holding them for the prefix takes them out of it
+    num_idle_pages: int
 
 
 class SequenceKV:
@@ -173,19 +186,34 @@ class KVCache:
             self._seqs[seq_id] = kv
             return kv
 
-    def _reuse_prefix(self, kv: SequenceKV, token_ids: Sequence[int]) -> None:
-        size, pool = self.block_size, self.pool
-        prev = kv.salt_key
+    def probe(self, token_ids: Sequence[int], salt: str = "") -> PrefixProbe:
+        """What `allocate(_, token_ids, salt)` would start from, with nothing taken."""
+        with self._lock:
+            if not self.enable_prefix_caching:
+                return PrefixProbe(0, 0)
+            pages = [page for page, _ in self._cached_prefix(salt_root(salt), token_ids)]
+            idle = sum(1 for page in pages if self.pool.refcounts[page] == 0)
+            return PrefixProbe(len(pages) * self.block_size, idle)
+
+    def _cached_prefix(self, salt_key: bytes, token_ids: Sequence[int]) -> list[tuple[int, bytes]]:
+        """(page, key) of the longest run of cached full pages `token_ids` starts with."""
+        size, found = self.block_size, []
+        prev = salt_key
         for i in range((len(token_ids) - 1) // size):  # the last token is always computed
             key = page_key(prev, token_ids[i * size : (i + 1) * size], self.model_version)
-            page = pool.lookup(key)
+            page = self.pool.lookup(key)
             if page is None:
                 break
-            pool.hold(page)
+            found.append((page, key))
+            prev = key
+        return found
+
+    def _reuse_prefix(self, kv: SequenceKV, token_ids: Sequence[int]) -> None:
+        for page, key in self._cached_prefix(kv.salt_key, token_ids):
+            self.pool.hold(page)
             kv.page_ids.append(page)
             kv.keys.append(key)
-            prev = key
-        kv.num_tokens = kv.num_cached_tokens = len(kv.page_ids) * size
+        kv.num_tokens = kv.num_cached_tokens = len(kv.page_ids) * self.block_size
 
     def ensure(self, kv: SequenceKV, num_new_tokens: int) -> bool:
         """Make room for `num_new_tokens` more tokens; False (nothing taken) if no room."""

@@ -19,9 +19,11 @@ from runtime.memory.kv_cache import KVCache
 BLOCK = 4
 
 
-def make_kv(num_pages: int = 1000, prefix_caching: bool = False) -> KVCache:
+def make_kv(
+    num_pages: int = 1000, prefix_caching: bool = False, cls: type[KVCache] = KVCache
+) -> KVCache:
     """`num_pages` usable pages of BLOCK tokens (4 bytes a token: one layer, one head, dim 1)."""
-    return KVCache(
+    return cls(
         num_layers=1,
         num_kv_heads=1,
         head_dim=1,
@@ -56,16 +58,16 @@ def run_step(scheduler: Scheduler, max_num_seqs: int) -> list[tuple[str, int]]:
     """One schedule; pretend the forward ran (cursor + prefix keys) and every sampling chunk
     produced token 7."""
     out = scheduler.schedule(max_num_seqs)
+    samples = [item.samples for item in out.items]  # before the cursors move
     for item in out.items:
-        seq, samples = item.seq, item.samples
+        seq = item.seq
         assert (
             seq.kv is not None and seq.kv.capacity >= seq.num_computed_tokens + item.num_new_tokens
         )
-        seq.kv.advance(item.num_new_tokens)
-        scheduler.kv.cache_full_pages(seq.kv, seq.token_slice)  # type: ignore[attr-defined]
-        seq.num_computed_tokens += item.num_new_tokens
-        if samples:
-            seq.output_token_ids.append(7)
+    scheduler.update_from_output(out)
+    for item, sampled in zip(out.items, samples, strict=True):
+        if sampled:
+            item.seq.output_token_ids.append(7)
     return [(item.seq.request_id, item.num_new_tokens) for item in out.items]
 
 
@@ -212,3 +214,38 @@ def test_reservation_emulation_takes_prompt_plus_max_tokens_up_front() -> None:
     s.add(make_seq("b", 5, max_tokens=20))
     assert [rid for rid, _ in run_step(s, 8)] == ["a"]
     assert used_pages(s) == 7 and s.num_holds == 1
+
+
+class CountingKV(KVCache):
+    """The real cache, counting the calls that take and give back pages."""
+
+    calls: list[str]
+
+    def allocate(self, seq_id, token_ids, salt=""):  # type: ignore[no-untyped-def]
+        self.calls.append(f"allocate {seq_id}")
+        return super().allocate(seq_id, token_ids, salt)
+
+    def free(self, seq_id):  # type: ignore[no-untyped-def]
+        self.calls.append(f"free {seq_id}")
+        super().free(seq_id)
+
+
+def test_a_held_head_is_probed_never_allocated_and_freed_again() -> None:
+    """Admission asks the cache first (`probe`): a head without room takes nothing, not even
+    the cached prefix pages it would start from, and frees nothing."""
+    cache = make_kv(6, prefix_caching=True, cls=CountingKV)
+    assert isinstance(cache, CountingKV)
+    cache.calls = []
+    s = Scheduler(SchedulerConfig(64, 100, 10_000), cache)
+    s.add(make_seq("a", 9))  # 3 pages, 2 of them full and keyed after its prefill
+    run_step(s, 8)
+    s.add(make_seq("b", 20))  # its first 8 tokens are a's: a hit of 2 pages, 3 more wanted
+    for _ in range(3):
+        run_step(s, 8)
+    assert cache.calls == ["allocate a"] and s.num_holds == 3  # held, nothing taken or freed
+    assert s.kv_stats().num_shared_pages == 0  # the prefix pages were never held for b
+    s.finish(s.running[0])  # a's 2 keyed pages stay cached, its third page is free
+    assert [rid for rid, _ in run_step(s, 8)] == ["b"]
+    assert cache.calls == ["allocate a", "free a", "allocate b"]
+    b = s.running[0]
+    assert b.stats.cached_tokens == 8 and b.num_computed_tokens == 20  # one cursor: the KV's
