@@ -62,9 +62,14 @@ async def _drive(
         while state["next"] < n and time.monotonic() < stop_at:
             state["next"] += 1
             body = {"model": model, "input": _texts(rng)}
-            response = await http.post(f"{url}/v1/embeddings", json=body)
-            if response.status_code != 200 or len(response.json()["data"]) != len(body["input"]):
-                state["failed"] += 1
+            try:
+                response = await http.post(f"{url}/v1/embeddings", json=body)
+                ok = response.status_code == 200 and len(response.json()["data"]) == len(
+                    body["input"]
+                )
+            except httpx.HTTPError:  # a timeout or a dropped connection: a failed request
+                ok = False
+            state["failed"] += not ok
             state["done"] += 1
             if state["done"] % interval == 0:
                 samples.append((state["done"], process.memory_info().rss))
@@ -75,7 +80,7 @@ async def _drive(
                     flush=True,
                 )
 
-    async with httpx.AsyncClient(timeout=120) as http:
+    async with httpx.AsyncClient(timeout=300) as http:
         await asyncio.gather(*(client(k, http) for k in range(CONCURRENCY)))
     return samples, state["failed"], state["done"]
 
