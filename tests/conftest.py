@@ -33,13 +33,27 @@ def require_binary(name: str, *candidates: str) -> str:
     raise AssertionError("unreachable")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`make test`), one intra-op thread per worker: N workers on fewer
+    cores, each with a thread per core, would have OpenMP threads busy-waiting against each
+    other's (CPU spent, nothing returned). Servers the tests start inherit it. A test about
+    threads sets its own count (runtime.engine.threads)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        os.environ.setdefault("MKL_NUM_THREADS", "1")
+        import torch
+
+        torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`cuda` tests run only where a CUDA device exists (`pytest -m cuda` on a GPU machine).
     Under pytest-xdist (`make test`: `--dist loadgroup`), tests of one costly per-process
-    resource share a worker (tests.fixtures.groups)."""
-    from tests.fixtures.groups import group_by_resource
+    resource share a worker, and the longest units start first (tests.fixtures.groups)."""
+    from tests.fixtures.groups import group_by_resource, longest_first
 
     group_by_resource(items)
+    items[:] = longest_first(items)
     try:
         import torch
 

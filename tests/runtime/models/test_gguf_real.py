@@ -78,7 +78,9 @@ def test_logits_after_chat_prompts_match_transformers(
 
 @pytest.fixture(scope="module")
 def served(smollm2_dir: Path) -> Iterator[LiveServer]:
-    make_router = router_of(**{SERVED_NAME: partial(engine_for, smollm2_dir, name=SERVED_NAME)})
+    # no load-time batch sweep (~10 CPU s on this model): what is tested here is the tokens
+    engine = partial(engine_for, smollm2_dir, name=SERVED_NAME, batch_warmup=False)
+    make_router = router_of(**{SERVED_NAME: engine})
     with live_server(light_settings(), make_router) as server:
         yield server
 
