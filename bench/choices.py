@@ -1,4 +1,4 @@
-"""`n` choices over one prompt: one prefill and forked block tables, against n separate requests.
+"""`n` choices over one prompt: one prefill and forked page tables, against n separate requests.
 
     python -m bench.choices [--quick] [--device cpu|cuda] [--cache-dir DIR]
 

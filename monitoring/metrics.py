@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from runtime.engine.reasons import FailureReason, FinishReason
+from runtime.engine.stats import FailureReason, FinishReason
 
 # Every name of the contract table that every scrape shows (counters with their `_total`). The
 # table's `fastllm_device_tensor_active_ratio` is absent where NVML GPM is (CPU, pre-Hopper), so

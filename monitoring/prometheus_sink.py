@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 from prometheus_client import Histogram
 
 from monitoring.metrics import ALLOCATOR_EVENTS, FastllmMetrics
-from runtime.engine.reasons import FailureReason
 from runtime.engine.stats import (
     AllocatorStats,
+    FailureReason,
     KVCacheStats,
     RequestStats,
     StepStats,

@@ -25,8 +25,13 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
-from runtime.engine.reasons import FinishReason
-from runtime.engine.stats import RequestEvent, RequestStats, StepStats, VerificationResult
+from runtime.engine.stats import (
+    FinishReason,
+    RequestEvent,
+    RequestStats,
+    StepStats,
+    VerificationResult,
+)
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _OTLP_ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")

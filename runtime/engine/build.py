@@ -90,7 +90,7 @@ def build_parts(
         allocator=allocator,
         # an encoder never generates (validate refuses it): a pool of one page, not the budget
         max_bytes=config.kv_cache_bytes if loaded.is_causal_lm else 0,
-        block_size=config.kv_block_size,
+        page_size=config.kv_block_size,
         enable_prefix_caching=config.enable_prefix_caching,
         model_version=f"{config.model_name}/{config.model_version}",
         owner=f"kv-cache:{config.model_name}/{config.model_version}",

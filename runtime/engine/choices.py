@@ -1,10 +1,10 @@
-"""`n` and `best_of`: several sequences (choices) over one prompt, one prefill, forked block tables.
+"""`n` and `best_of`: several sequences (choices) over one prompt, one prefill, forked page tables.
 
 A request whose SamplingParams run more than one sequence becomes one `ChoiceGroup`. Choice 0 is
 an ordinary sequence in the queue; the other choices wait on it (`Sequence.pending_forks`, counted
 by admission as sequences of their own) until its prefill ends. The step that samples choice 0's
 first token samples theirs from the same logits row, each with its own generator (seed + index),
-and the scheduler forks choice 0's block table for each (`KVCache.fork`: full pages shared by
+and the scheduler forks choice 0's page table for each (`KVCache.fork`: full pages shared by
 refcount, the partial last page copied). A choice the pool has no page for is queued like a
 preempted sequence instead and recomputes prompt + its first token from the prefix cache.
 

@@ -26,11 +26,18 @@ from runtime.engine.batching.controller import AdaptiveBatchController, BusyTrac
 from runtime.engine.config import EngineConfig
 from runtime.engine.logprobs import attach_logprobs
 from runtime.engine.model_runner import ModelRunner
-from runtime.engine.reasons import FailureReason, FinishReason
 from runtime.engine.request import TokenOutput
 from runtime.engine.scheduler import Scheduler, SchedulerOutput
 from runtime.engine.sequence import Sequence
-from runtime.engine.stats import AllocatorStats, RequestEvent, RequestStats, StatsSink, StepStats
+from runtime.engine.stats import (
+    AllocatorStats,
+    FailureReason,
+    FinishReason,
+    RequestEvent,
+    RequestStats,
+    StatsSink,
+    StepStats,
+)
 from runtime.engine.threads import apply_num_threads
 from runtime.errors import EngineInternalError, FastllmError, RequestTimeout
 from runtime.memory.host_heap import HeapTrimmer

@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from runtime.engine.reasons import FinishReason
-from runtime.engine.stats import RequestEvent, RequestStats, StatsSink
+from runtime.engine.stats import FinishReason, RequestEvent, RequestStats, StatsSink
 from runtime.errors import InvalidRequestError
 from runtime.models.bert import BertEncoder
 

@@ -35,7 +35,6 @@ from runtime.engine.constraints import hooks as constraint_hooks
 from runtime.engine.embed import EmbeddingResult, embed_texts
 from runtime.engine.load_once import CallOnce
 from runtime.engine.logits.params import check_token_ids
-from runtime.engine.reasons import FailureReason, FinishReason
 from runtime.engine.request import (
     GenerationRequest,
     RequestHandle,
@@ -47,6 +46,8 @@ from runtime.engine.self_check import IdleSelfCheck, SelfCheckResult
 from runtime.engine.sequence import Sequence
 from runtime.engine.stats import (
     AllocatorStats,
+    FailureReason,
+    FinishReason,
     KVCacheStats,
     RequestEvent,
     RequestStats,

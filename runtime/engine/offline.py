@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 
 from runtime.engine.config import EngineConfig
 from runtime.engine.engine import Engine
-from runtime.engine.reasons import FinishReason
 from runtime.engine.request import GenerationRequest, tokenize_prompt
 from runtime.engine.sampling import SamplingParams
+from runtime.engine.stats import FinishReason
 from runtime.errors import InvalidRequestError
 from runtime.models.loader import LoadedModel
 

@@ -20,9 +20,8 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from runtime.engine.reasons import FinishReason
 from runtime.engine.sampling import SamplingParams
-from runtime.engine.stats import RequestStats
+from runtime.engine.stats import FinishReason, RequestStats
 from runtime.errors import FastllmError, InvalidRequestError, RequestTimeout
 
 if TYPE_CHECKING:

@@ -286,7 +286,7 @@ class Scheduler:
         )
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
-        """Start a choice of `parent`'s request right after its prefill, sharing its block table
+        """Start a choice of `parent`'s request right after its prefill, sharing its page table
         (runtime.engine.choices); with no page for the fork it is queued at the front like a
         preempted sequence, to recompute from the prefix cache."""
         assert parent.kv is not None

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from runtime.engine.reasons import FinishReason
 from runtime.engine.sampling import SamplingParams
+from runtime.engine.stats import FinishReason
 from runtime.models.tokenizer import IncrementalDecoder, Tokenizer
 
 __all__ = ["StopChecker"]

@@ -1,7 +1,7 @@
-"""Paged KV: block tables over the page pool (kv_pool.py), with prefix reuse.
+"""Paged KV: page tables over the page pool (kv_pool.py), with prefix reuse.
 
-`SequenceKV` is what the models read and write: the pool tensor, the sequence's block table
-(`page_ids`, token i lives in page_ids[i // block_size] at slot i % block_size) and its cursor.
+`SequenceKV` is what the models read and write: the pool tensor, the sequence's page table
+(`page_ids`, token i lives in page_ids[i // page_size] at slot i % page_size) and its cursor.
 A model's forward writes the new tokens' K/V at positions [num_tokens, num_tokens + n) and
 attends over [0, num_tokens + n); the caller then calls `advance(n)` once. The model never
 advances the cursor itself, so every layer of one forward sees the same `num_tokens`.
@@ -9,11 +9,11 @@ advances the cursor itself, so every layer of one forward sees the same `num_tok
 `KVCache` (the verbs the scheduler uses; every one under one lock):
   probe(token_ids)             what allocate would find, taking nothing: the scheduler asks
                                before it admits, so admission never allocates and frees again
-  allocate(seq_id, token_ids)  a block table starting with the longest cached prefix (full pages,
+  allocate(seq_id, token_ids)  a page table starting with the longest cached prefix (full pages,
                                refcounted, at most all but the last token so one is computed)
   ensure(kv, n)                pages for n more tokens, appended as needed: no max_tokens
                                reservation; False (nothing taken) when no page is free or cached
-  fork(parent, seq_id)         a block table for another choice of the same prompt: the parent's
+  fork(parent, seq_id)         a page table for another choice of the same prompt: the parent's
                                full pages held once more, its partial last page copied
   cache_full_pages(kv, tokens) key the pages the last forward filled, for later sequences
   free(seq_id)                 release every page: a shared page is freed by its last holder;
@@ -34,13 +34,55 @@ import torch
 from runtime.errors import ConfigError
 from runtime.memory.kv_pool import PagePool, page_key, salt_root
 from runtime.memory.kv_report import pool_rows
-from runtime.memory.kv_scratch import GatherScratch
 from runtime.memory.stats import KVCacheStats
 
 if TYPE_CHECKING:
     from runtime.memory import Allocator, LiveBlock
 
 TokenSlice = Callable[[int, int], Sequence[int]]  # (start, end) -> the sequence's token ids
+
+
+# The buffer the batched attention gathers pages into, reused by every layer and every step.
+#
+# Why reused: a step's gather is megabytes (rows x pages x page bytes, keys and values); a fresh
+# tensor of that size per layer is fresh memory from the OS each time on CPU (page faults: measured
+# ~2x the copy itself). One buffer per KV cache (one forward runs at a time per engine) grows to the
+# largest gather seen (a quarter more, so a slowly growing batch does not regrow it every step) and
+# is kept until the cache closes: given back whenever the engine idled, it was allocated and
+# faulted in again at every burst (the soak saw RSS swing by its size).
+#
+# Why not an allocator block: it is working memory of the forward, like the activations, not KV
+# that someone holds; in the allocator it would sit on top of the page pool (which is the whole KV
+# budget, `fastllm_memory_total{type="allocator"}`) and grow with the largest batch seen, which is
+# exactly what the memory-growth alert watches the allocator for. It shows in the process RSS.
+class GatherScratch:
+    """The buffer the batched attention gathers pages into, reused by every layer and step."""
+
+    def __init__(self, dtype: torch.dtype, device: torch.device) -> None:
+        self.dtype, self.device = dtype, device
+        self._buffer: torch.Tensor | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def nbytes(self) -> int:
+        buffer = self._buffer
+        return 0 if buffer is None else buffer.numel() * buffer.element_size()
+
+    def take(self, numel: int) -> torch.Tensor:
+        """A 1-D tensor of `numel` elements (contents undefined), valid until `release`."""
+        with self._lock:
+            buffer = self._buffer
+            if buffer is None or buffer.numel() < numel:
+                self._buffer = None  # the old one goes before the new one is made
+                del buffer
+                buffer = self._buffer = torch.empty(
+                    numel + numel // 4, dtype=self.dtype, device=self.device
+                )
+            return buffer[:numel]
+
+    def release(self) -> None:
+        with self._lock:
+            self._buffer = None
 
 
 @dataclass(frozen=True)
@@ -57,10 +99,10 @@ class SequenceKV:
     def __init__(
         self, data: torch.Tensor, seq_id: str = "", scratch: GatherScratch | None = None
     ) -> None:
-        self.data = data  # the pool: [num_layers, 2, kv_heads, num_pages, block_size, head_dim]
-        self.block_size = int(data.shape[4])
+        self.data = data  # the pool: [num_layers, 2, kv_heads, num_pages, page_size, head_dim]
+        self.page_size = int(data.shape[4])
         self.seq_id = seq_id
-        self.page_ids: list[int] = []  # the block table
+        self.page_ids: list[int] = []  # the page table
         self.num_tokens = 0  # tokens whose K/V are already stored
         self.keys: list[bytes] = []  # prefix keys of the first len(keys) pages (all full)
         self.num_cached_tokens = 0  # tokens found in the prefix cache when allocated
@@ -77,19 +119,19 @@ class SequenceKV:
         capacity: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
-        block_size: int = 16,
+        page_size: int = 16,
     ) -> SequenceKV:
         """A pool of its own outside any allocator, with pages for `capacity` tokens (warm-up,
         `fastllm doctor`, tests). Page 0 is the zero page, as in a real pool."""
-        num_pages = 1 + -(-capacity // block_size)
-        shape = (num_layers, 2, num_kv_heads, num_pages, block_size, head_dim)
+        num_pages = 1 + -(-capacity // page_size)
+        shape = (num_layers, 2, num_kv_heads, num_pages, page_size, head_dim)
         kv = cls(torch.zeros(shape, dtype=dtype, device=device))
         kv.page_ids = list(range(1, num_pages))
         return kv
 
     @property
     def capacity(self) -> int:
-        return len(self.page_ids) * self.block_size
+        return len(self.page_ids) * self.page_size
 
     def advance(self, n: int) -> None:
         if self.num_tokens + n > self.capacity:
@@ -108,29 +150,29 @@ class KVCache:
         device: torch.device | str,
         allocator: Allocator,
         max_bytes: int,
-        block_size: int = 16,
+        page_size: int = 16,
         enable_prefix_caching: bool = True,
         model_version: str = "",
         owner: str = "kv-cache",
     ) -> None:
-        self.block_size, self.dtype, self.device = block_size, dtype, torch.device(device)
+        self.page_size, self.dtype, self.device = page_size, dtype, torch.device(device)
         self.enable_prefix_caching, self.model_version = enable_prefix_caching, model_version
         self.bytes_per_token = num_layers * 2 * num_kv_heads * head_dim * dtype.itemsize
-        self.bytes_per_page = block_size * self.bytes_per_token
-        if block_size < 1:  # before the division below (settings check it too: ge=1)
+        self.bytes_per_page = page_size * self.bytes_per_token
+        if page_size < 1:  # before the division below (settings check it too: ge=1)
             raise ConfigError(
-                f"kv_block_size={block_size}: a page holds at least one token",
+                f"kv_block_size={page_size}: a page holds at least one token",
                 param="kv_block_size",
             )
         # the zero page included; max_bytes 0: the smallest pool (an engine that never generates)
         num_pages = max_bytes // self.bytes_per_page if max_bytes else 2
         if num_pages < 2:
             raise ConfigError(
-                f"kv_cache_bytes={max_bytes} holds no page of {block_size} tokens "
+                f"kv_cache_bytes={max_bytes} holds no page of {page_size} tokens "
                 f"({self.bytes_per_page} bytes each, one of them the zero page)",
                 param="kv_cache_bytes",
             )
-        shape = (num_layers, 2, num_kv_heads, num_pages, block_size, head_dim)
+        shape = (num_layers, 2, num_kv_heads, num_pages, page_size, head_dim)
         block = allocator.alloc(shape, dtype, owner=owner)
         self.pool = PagePool(block.tensor)
         self.max_bytes, self.owner, self.allocator = max_bytes, owner, allocator
@@ -153,10 +195,10 @@ class KVCache:
     @property
     def max_tokens(self) -> int:
         """Tokens one sequence could ever hold: every page of the pool."""
-        return self.pool.num_usable * self.block_size
+        return self.pool.num_usable * self.page_size
 
     def pages_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return -(-num_tokens // self.page_size)
 
     def can_fit(self, num_tokens: int) -> bool:
         return self.pages_for(num_tokens) <= self.pool.num_usable
@@ -173,7 +215,7 @@ class KVCache:
 
     # --- the verbs -----------------------------------------------------------------------------
     def allocate(self, seq_id: str, token_ids: Sequence[int], salt: str = "") -> SequenceKV:
-        """A block table for a sequence about to run; its first pages are the longest cached
+        """A page table for a sequence about to run; its first pages are the longest cached
         prefix of `token_ids` (kv.num_tokens = kv.num_cached_tokens tokens already stored) among
         the pages cached under the same `salt` (a tenant's namespace; "" = the shared one)."""
         with self._lock:
@@ -193,11 +235,11 @@ class KVCache:
                 return PrefixProbe(0, 0)
             pages = [page for page, _ in self._cached_prefix(salt_root(salt), token_ids)]
             idle = sum(1 for page in pages if self.pool.refcounts[page] == 0)
-            return PrefixProbe(len(pages) * self.block_size, idle)
+            return PrefixProbe(len(pages) * self.page_size, idle)
 
     def _cached_prefix(self, salt_key: bytes, token_ids: Sequence[int]) -> list[tuple[int, bytes]]:
         """(page, key) of the longest run of cached full pages `token_ids` starts with."""
-        size, found = self.block_size, []
+        size, found = self.page_size, []
         prev = salt_key
         for i in range((len(token_ids) - 1) // size):  # the last token is always computed
             key = page_key(prev, token_ids[i * size : (i + 1) * size], self.model_version)
@@ -213,7 +255,7 @@ class KVCache:
             self.pool.hold(page)
             kv.page_ids.append(page)
             kv.keys.append(key)
-        kv.num_tokens = kv.num_cached_tokens = len(kv.page_ids) * self.block_size
+        kv.num_tokens = kv.num_cached_tokens = len(kv.page_ids) * self.page_size
 
     def ensure(self, kv: SequenceKV, num_new_tokens: int) -> bool:
         """Make room for `num_new_tokens` more tokens; False (nothing taken) if no room."""
@@ -228,17 +270,17 @@ class KVCache:
             return True
 
     def fork(self, parent: SequenceKV, seq_id: str) -> SequenceKV | None:
-        """A block table for `seq_id` holding the parent's stored tokens (n choices of one prompt,
+        """A page table for `seq_id` holding the parent's stored tokens (n choices of one prompt,
         after its one prefill). Full pages are shared: held once more, never copied (a full page
         is never written again). The partial last page is the one page each choice writes its
         own next tokens into, so it is copied into a fresh page (copy-on-write, at most
-        block_size - 1 tokens). None (nothing taken) when no page is free for that copy."""
+        page_size - 1 tokens). None (nothing taken) when no page is free for that copy."""
         with self._lock:
             if seq_id in self._seqs:
                 raise ValueError(f"sequence {seq_id!r} already has KV")
-            num_full = parent.num_tokens // self.block_size
+            num_full = parent.num_tokens // self.page_size
             copied: list[int] = []
-            if parent.num_tokens % self.block_size:
+            if parent.num_tokens % self.page_size:
                 taken = self.pool.take(1)
                 if taken is None:
                     return None
@@ -264,7 +306,7 @@ class KVCache:
         """Key every page the cursor has filled since the last call (prefix caching on)."""
         if not self.enable_prefix_caching:
             return
-        size = self.block_size
+        size = self.page_size
         with self._lock:
             if kv.seq_id not in self._seqs:  # freed meanwhile (cancelled)
                 return
@@ -307,7 +349,7 @@ class KVCache:
         pool = self.pool
         with self._lock:
             return KVCacheStats(
-                block_size=self.block_size,
+                page_size=self.page_size,
                 num_pages=pool.num_usable,
                 num_used_pages=pool.num_used,
                 num_cached_pages=pool.num_cached,

@@ -1,9 +1,9 @@
 """The page pool: fixed-size KV pages in one tensor, and the prefix index over full pages.
 
-    data[num_layers, 2, num_kv_heads, num_pages, block_size, head_dim]    (0 = keys, 1 = values)
+    data[num_layers, 2, num_kv_heads, num_pages, page_size, head_dim]    (0 = keys, 1 = values)
 
-Head-major: one kv head's page is one contiguous [block_size, head_dim] run, so a layer's pages
-gathered head by head in block-table order are, per sequence and head, one contiguous
+Head-major: one kv head's page is one contiguous [page_size, head_dim] run, so a layer's pages
+gathered head by head in page-table order are, per sequence and head, one contiguous
 [tokens, head_dim] matrix: the layout attention kernels read fastest (measured against a
 token-major page, whose gathered keys are strided per head: ~15% slower per layer on CPU).
 

@@ -43,7 +43,7 @@ class KVCacheStats:
     """One engine's page pool (runtime.memory.kv_cache). Page counts are a snapshot; the token and
     preemption counts are cumulative since the engine started."""
 
-    block_size: int = 0  # tokens per page
+    page_size: int = 0  # tokens per page
     num_pages: int = 0  # pages sequences can hold (the pool's one zero page excluded)
     num_used_pages: int = 0  # held by at least one sequence
     num_cached_pages: int = 0  # held by none, kept for prefix reuse (evicted first, LRU)
@@ -62,7 +62,7 @@ class KVCacheStats:
     def total(cls, parts: list[KVCacheStats]) -> KVCacheStats:
         """Several pools (replicas) as one: every count summed."""
         return cls(
-            block_size=parts[0].block_size if parts else 0,
+            page_size=parts[0].page_size if parts else 0,
             num_pages=sum(p.num_pages for p in parts),
             num_used_pages=sum(p.num_used_pages for p in parts),
             num_cached_pages=sum(p.num_cached_pages for p in parts),

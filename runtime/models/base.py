@@ -46,7 +46,7 @@ class CausalLM(nn.Module):
     def forward(self, input_ids: Tensor, seqs: Sequence[SeqSlice]) -> Tensor:
         """input_ids [T] packed -> hidden [T, hidden] (final norm applied).
         Writes each layer's K/V at [kv.num_tokens, kv.num_tokens + n) of each sequence's pages (its
-        block table must already cover them); does NOT advance."""
+        page table must already cover them); does NOT advance."""
         plan = BatchPlan.build(seqs, input_ids, self.args.num_heads // self.args.num_kv_heads)
         cos, sin = self.rope_table().lookup(plan.positions)  # [T, 1, head_dim] each
         x = self.embed(input_ids)

@@ -2,7 +2,7 @@
 
 Attention runs as one call per layer over a padded batch of *rows*. A row is up to `q_tile`
 consecutive new tokens of one sequence; it attends over that sequence's pages gathered in
-block-table order (every row padded to the longest table with the zero page, masked out). The
+page-table order (every row padded to the longest table with the zero page, masked out). The
 tile trades query padding against gathers: decodes alone use q_tile = 1 (one row per sequence,
 no query padding); a long prefill chunk beside decodes is cut into several rows so the decodes
 are not padded to its length. `_pick_q_tile` chooses it from a cost model (see there).
@@ -31,16 +31,16 @@ class SeqSlice:
 
 @dataclass
 class BatchPlan:
-    pool: Tensor  # [num_layers, 2, kv_heads, num_pages, block_size, head_dim]
+    pool: Tensor  # [num_layers, 2, kv_heads, num_pages, page_size, head_dim]
     positions: Tensor  # [T] absolute position of every packed token
-    write_slots: Tensor  # [T] page * block_size + offset: where each new token's K/V goes
+    write_slots: Tensor  # [T] page * page_size + offset: where each new token's K/V goes
     num_rows: int
     q_tile: int  # query tokens per row
-    num_keys: int  # key positions per row (pages per row * block_size)
+    num_keys: int  # key positions per row (pages per row * page_size)
     # [2 * kv_heads * num_rows * pages per row]: the rows' pages (zero-page padded) in a layer's
     # [2 * kv_heads * num_pages] page view, for keys then values, head by head
     kv_table: Tensor
-    gather_out: Tensor | None  # [len(kv_table), block_size * head_dim] reused by every layer
+    gather_out: Tensor | None  # [len(kv_table), page_size * head_dim] reused by every layer
     # [num_rows * q_tile] packed token of each query slot, and [T] query slot of each packed
     # token; None when q_tile == 1 (row r is token r)
     query_index: Tensor | None
@@ -57,7 +57,7 @@ class BatchPlan:
         folds a group's heads into query rows) and the tile cost model weighs queries by it."""
         if not seqs:
             raise ValueError("a forward needs at least one sequence")
-        pool, size = seqs[0].kv.data, seqs[0].kv.block_size
+        pool, size = seqs[0].kv.data, seqs[0].kv.page_size
         num_kv_heads, num_pages, head_dim = (
             int(pool.shape[2]),
             int(pool.shape[3]),
@@ -168,7 +168,7 @@ def _lone_run(kv: SequenceKV, num_pages: int) -> tuple[int, int, int] | None:
 
 def _pick_q_tile(lengths: Sequence[int], group: int, max_rows: int) -> int:
     """The query tile with the least estimated work among those giving at most `max_rows` rows
-    (the gather buffer holds rows x the longest block table; more rows, more memory). Per row
+    (the gather buffer holds rows x the longest page table; more rows, more memory). Per row
     and key position a row pays one gathered key and value (weighted 8: a copy costs more than a
     multiply-add here) plus one score and one weighted value per query head (tile * group per
     kv head). The largest tile (one row per sequence) is always allowed."""

@@ -24,9 +24,8 @@ from runtime.models.base import CausalLM
 from runtime.models.bert import BertEncoder
 from runtime.models.checkpoint import TensorSource, open_checkpoint
 from runtime.models.config import ModelArgs
-from runtime.models.gemma import GemmaForCausalLM
+from runtime.models.families import GemmaForCausalLM, LlamaForCausalLM
 from runtime.models.gguf_io.reader import is_gguf
-from runtime.models.llama import LlamaForCausalLM
 from runtime.models.quantize import QuantizationSummary, quantize_model
 from runtime.models.weights import WeightEntry, is_ignored, weight_table
 

@@ -26,7 +26,7 @@ def attend(plan: BatchPlan, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tens
     """q [T, Hq, D], k/v [T, Hkv, D] (rotated) -> [T, Hq, D]; stores k/v in the pool first."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
-    pool = plan.pool[layer]  # [2, kv_heads, num_pages, block_size, head_dim]
+    pool = plan.pool[layer]  # [2, kv_heads, num_pages, page_size, head_dim]
     num_pages, size = pool.shape[2], pool.shape[3]
     slots = pool.view(2, num_kv_heads, num_pages * size, head_dim)
     slots[0].index_copy_(1, plan.write_slots, k.transpose(0, 1))

@@ -21,8 +21,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.routing import Match
 
-from runtime.engine.reasons import FailureReason
-from runtime.engine.stats import FanOut, RequestStats
+from runtime.engine.stats import FailureReason, FanOut, RequestStats
 from runtime.errors import FastllmError, Overloaded, ServiceUnavailable
 from runtime.server.openai.schemas import ErrorResponse
 from runtime.server.openai.unsupported import UNSUPPORTED

@@ -27,14 +27,20 @@ from typing import TYPE_CHECKING, Any
 
 from runtime.engine.batching.controller import BatchPolicyConfig
 from runtime.engine.engine import EmbeddingResult, Engine, EngineConfig
-from runtime.engine.reasons import FailureReason, FinishReason
 from runtime.engine.request import (
     GenerationRequest,
     RequestHandle,
     TokenOutput,
     ValidatedRequest,
 )
-from runtime.engine.stats import AllocatorStats, KVCacheStats, RequestStats, StatsSink
+from runtime.engine.stats import (
+    AllocatorStats,
+    FailureReason,
+    FinishReason,
+    KVCacheStats,
+    RequestStats,
+    StatsSink,
+)
 from runtime.errors import (
     ConfigError,
     FastllmError,

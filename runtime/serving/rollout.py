@@ -27,8 +27,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from runtime.engine.reasons import FailureReason, FinishReason
-from runtime.engine.stats import RequestStats, StepStats, VerificationResult
+from runtime.engine.stats import (
+    FailureReason,
+    FinishReason,
+    RequestStats,
+    StepStats,
+    VerificationResult,
+)
 from runtime.serving.router import Router
 
 # failures of the version itself, not of the client

@@ -29,8 +29,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 from torch import nn
 
-from runtime.engine.reasons import FinishReason
-from runtime.engine.stats import StatsSink, VerificationResult
+from runtime.engine.stats import FinishReason, StatsSink, VerificationResult
 from runtime.engine.threads import apply_num_threads
 from runtime.verify.probes import probe_ops
 from runtime.verify.reference import reference_forward

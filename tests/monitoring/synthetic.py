@@ -127,7 +127,7 @@ def kv_stats(step_id: int) -> KVCacheStats:
     16 of them cached, a preemption every 4th step (cumulative counts, as the engine reports)."""
     used = min(10 + step_id, 80)
     return KVCacheStats(
-        block_size=16,
+        page_size=16,
         num_pages=100,
         num_used_pages=used,
         num_cached_pages=5,

@@ -17,11 +17,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from runtime.engine.batching.step_model import StepTimeModel
-from runtime.engine.reasons import FinishReason
 from runtime.engine.request import GenerationRequest, RequestHandle
 from runtime.engine.sampling import SamplingParams
 from runtime.engine.sequence import Sequence
-from runtime.engine.stats import RequestStats
+from runtime.engine.stats import FinishReason, RequestStats
 from runtime.engine.stopping import StopChecker
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from runtime.engine.constraints.cache import Compiled
-from runtime.engine.reasons import FailureReason
+from runtime.engine.stats import FailureReason
 from runtime.errors import InvalidRequestError
 
 if TYPE_CHECKING:

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 from runtime.engine.constraints.admit import add_when_compiled
 from runtime.engine.constraints.cache import GrammarCache
 from runtime.engine.constraints.state import ConstraintState
-from runtime.engine.reasons import FinishReason
 from runtime.engine.request import GenerationRequest
+from runtime.engine.stats import FinishReason
 from runtime.errors import InvalidRequestError
 
 if TYPE_CHECKING:

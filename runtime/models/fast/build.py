@@ -168,7 +168,7 @@ def warm_up(model: CausalLM, sizes: Sequence[int] = (1, 2)) -> None:
     a, weight = model.args, model.embed_tokens.weight
     for n in sizes:
         pool = SequenceKV.empty(
-            a.num_layers, a.num_kv_heads, a.head_dim, n, weight.dtype, weight.device, block_size=1
+            a.num_layers, a.num_kv_heads, a.head_dim, n, weight.dtype, weight.device, page_size=1
         )
         kvs = [SequenceKV(pool.data) for _ in range(n)]
         for i, kv in enumerate(kvs):

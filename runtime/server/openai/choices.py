@@ -2,7 +2,7 @@
 
 Each prompt of a batch is an engine request of its own (ids `<id>`, `<id>-1`, ...; one span and
 one inference_log row each); each runs its `best_of` (else `n`) sequences as choices of one
-request (runtime.engine.choices: one prefill, forked block tables). The body answers them together,
+request (runtime.engine.choices: one prefill, forked page tables). The body answers them together,
 `choices[].index` in OpenAI's order: prompt p's j-th choice is index p * n + j. With best_of > n
 the n sequences of highest cumulative logprob are returned, best first. Usage counts each prompt's
 tokens once and the completion tokens of every sequence run (those best_of left out included).
@@ -20,9 +20,9 @@ from typing import Any
 from starlette.requests import Request
 
 from runtime.engine.constraints import ConstraintSpec
-from runtime.engine.reasons import FinishReason
 from runtime.engine.request import TokenOutput
 from runtime.engine.sampling import SamplingParams
+from runtime.engine.stats import FinishReason
 from runtime.errors import FastllmError, RequestCancelled
 from runtime.server.errors import error_payload
 from runtime.server.openai import generate as gen

@@ -18,9 +18,9 @@ from typing import Any
 from starlette.requests import Request
 
 from runtime.engine.constraints import ConstraintSpec
-from runtime.engine.reasons import FinishReason
 from runtime.engine.request import GenerationRequest, RequestHandle, TokenOutput
 from runtime.engine.sampling import SamplingParams
+from runtime.engine.stats import FinishReason
 from runtime.errors import Overloaded, RequestCancelled
 from runtime.server.openai.controls import control_fields
 from runtime.server.openai.schemas import _Sampling

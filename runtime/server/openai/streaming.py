@@ -17,8 +17,8 @@ import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from runtime.engine.reasons import FinishReason
 from runtime.engine.request import RequestHandle, TokenOutput
+from runtime.engine.stats import FinishReason
 from runtime.errors import FastllmError, RequestCancelled
 from runtime.server.errors import error_payload
 

@@ -1,4 +1,4 @@
-"""n and best_of in the engine: one prefill, forked block tables, a seed stream per choice."""
+"""n and best_of in the engine: one prefill, forked page tables, a seed stream per choice."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def test_the_prompt_pages_are_held_once_by_every_choice(
         engine.load()
         kv_cache = engine._parts.kv_cache
         handle = engine.submit(request("r", PROMPT, _sampled(n=4, seed=1, max_tokens=12)))
-        # after the prefill step (its first tokens) and before the end, look at the block tables
+        # after the prefill step (its first tokens) and before the end, look at the page tables
         outputs = iter(handle)
         seen = 0
         while seen < 4:  # each choice's first token: all four forked

@@ -31,7 +31,7 @@ def make_kv(
         device="cpu",
         allocator=Allocator(device="cpu"),
         max_bytes=(num_pages + 1) * BLOCK * 4,
-        block_size=BLOCK,
+        page_size=BLOCK,
         enable_prefix_caching=prefix_caching,
     )
 

@@ -34,7 +34,7 @@ def new_cache(max_bytes: int, **overrides: Any) -> KVCache:
         "device": "cpu",
         "allocator": Allocator(),
         "max_bytes": max_bytes,
-        "block_size": BLOCK,
+        "page_size": BLOCK,
     }
     return KVCache(**{**args, **overrides})
 
@@ -91,7 +91,7 @@ def test_a_pool_too_small_for_one_page_is_a_config_error() -> None:
             device="cpu",
             allocator=Allocator(),
             max_bytes=BYTES_PER_PAGE,  # only the zero page
-            block_size=BLOCK,
+            page_size=BLOCK,
         )
     assert exc.value.param == "kv_cache_bytes"
 
@@ -193,7 +193,7 @@ def test_on_cpu_cached_pages_are_reused_before_memory_never_written() -> None:
 def test_a_closed_cache_still_reports_and_its_stale_kvs_look_freed() -> None:
     """Until close() has released the block, the allocator's leak report can still call the
     cache's report (a scrape racing the engine's shutdown): the emptied pool keeps its rank, which
-    the report unpacks. A stale block table looks like a freed one."""
+    the report unpacks. A stale page table looks like a freed one."""
     cache = make_cache()
     fill(cache, "live", [1, 2, 3, 4, 5])
     fill(cache, "gone", [6, 7])
@@ -245,7 +245,7 @@ def test_stats_carry_every_count_of_the_pool_and_the_prefix_queries() -> None:
     cache.count_prefix_query(10, 4)
     cache.count_prefix_query(6, 0)
     stats = cache.stats()
-    assert stats.block_size == BLOCK and stats.num_pages == 5
+    assert stats.page_size == BLOCK and stats.num_pages == 5
     assert (stats.num_used_pages, stats.num_cached_pages, stats.num_free_pages) == (2, 0, 3)
     assert (stats.prefix_query_tokens, stats.prefix_hit_tokens) == (16, 4)
     assert stats.pool_id == cache.pool_id and stats.pool_id.startswith("kv-cache#")
@@ -253,14 +253,14 @@ def test_stats_carry_every_count_of_the_pool_and_the_prefix_queries() -> None:
 
 def test_a_scratch_pool_holds_its_capacity_behind_a_zero_page() -> None:
     """SequenceKV.empty: the pool of warm-up, `fastllm doctor` and the tests outside any cache."""
-    kv = SequenceKV.empty(2, 3, 4, capacity=10, dtype=torch.float16, device="meta", block_size=4)
-    # [layers, 2, kv_heads, pages (+ the zero page), block_size, head_dim]
+    kv = SequenceKV.empty(2, 3, 4, capacity=10, dtype=torch.float16, device="meta", page_size=4)
+    # [layers, 2, kv_heads, pages (+ the zero page), page_size, head_dim]
     assert kv.data.shape == (2, 2, 3, 4, 4, 4)
     assert kv.data.dtype == torch.float16 and kv.data.device.type == "meta"
     assert kv.page_ids == [1, 2, 3] and kv.capacity == 12 and kv.num_tokens == 0
     default = SequenceKV.empty(1, 1, 2, capacity=17)  # 16-token pages on the CPU by default
     assert default.data.shape == (1, 2, 1, 3, 16, 2) and default.page_ids == [1, 2]
-    assert default.data.device.type == "cpu" and default.block_size == 16
+    assert default.data.device.type == "cpu" and default.page_size == 16
     assert torch.count_nonzero(default.data) == 0
     exact = SequenceKV.empty(1, 1, 2, capacity=16)
     assert exact.page_ids == [1] and exact.capacity == 16
@@ -298,7 +298,7 @@ def test_keying_again_after_more_tokens_keys_only_the_new_full_pages() -> None:
 
 
 def test_defaults_the_smallest_pools_and_the_error_for_too_small_a_budget() -> None:
-    plain = KVCache(  # the defaults: no block_size, caching flag or model version given
+    plain = KVCache(  # the defaults: no page_size, caching flag or model version given
         num_layers=1,
         num_kv_heads=1,
         head_dim=2,
@@ -307,14 +307,14 @@ def test_defaults_the_smallest_pools_and_the_error_for_too_small_a_budget() -> N
         allocator=Allocator(),
         max_bytes=1 << 16,
     )
-    assert plain.block_size == 16 and plain.enable_prefix_caching and plain.model_version == ""
+    assert plain.page_size == 16 and plain.enable_prefix_caching and plain.model_version == ""
     assert new_cache(0).num_pages == 1  # an engine that never generates: the zero page + one
     assert new_cache(2 * BYTES_PER_PAGE).num_pages == 1  # two pages, one of them the zero page
-    assert new_cache(2 * BYTES_PER_PAGE // BLOCK, block_size=1).num_pages == 1  # 1-token pages
+    assert new_cache(2 * BYTES_PER_PAGE // BLOCK, page_size=1).num_pages == 1  # 1-token pages
     with pytest.raises(ConfigError, match=r"holds no page of 4 tokens \(1024 bytes each"):
         new_cache(BYTES_PER_PAGE)
     with pytest.raises(ConfigError, match="kv_block_size=0: a page holds at least one token") as e:
-        new_cache(4 * BYTES_PER_PAGE, block_size=0)
+        new_cache(4 * BYTES_PER_PAGE, page_size=0)
     assert e.value.param == "kv_block_size"
 
 

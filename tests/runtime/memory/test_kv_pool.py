@@ -9,7 +9,7 @@ from runtime.memory.kv_pool import PagePool, page_key
 
 
 def make_pool(num_pages: int = 5) -> PagePool:
-    # [layers, 2, kv_heads, pages, block_size, head_dim]
+    # [layers, 2, kv_heads, pages, page_size, head_dim]
     return PagePool(torch.zeros(1, 2, 1, num_pages, 2, 2))
 
 

@@ -3,7 +3,7 @@ prefixes, so prefixes hit), grow-and-write (what a forward does), free, and reco
 preemption, on a pool small enough that pages run out and cached pages are evicted.
 
 Invariants after every step:
-  - reference counts are never negative and equal the number of block tables holding the page;
+  - reference counts are never negative and equal the number of page tables holding the page;
   - no page is writable by two sequences: the pages at and after a sequence's cursor are held by
     it alone and are not keyed (a keyed page is full and never written again);
   - a keyed (cached or shared) page's contents never change while it stays keyed;
@@ -45,7 +45,7 @@ class PagedKV(RuleBasedStateMachine):
             device=self.device,
             allocator=Allocator(TINY, device=self.device),
             max_bytes=(NUM_PAGES + 1) * BLOCK * 8,  # 8 bytes a token (K and V, one float each)
-            block_size=BLOCK,
+            page_size=BLOCK,
         )
         self.tokens: dict[str, list[int]] = {}  # the sequence's known tokens (prompt + outputs)
         # keyed page -> (its key, its contents when it was keyed)
@@ -93,7 +93,7 @@ class PagedKV(RuleBasedStateMachine):
 
     # --- invariants ----------------------------------------------------------------------------
     @invariant()
-    def refcounts_match_the_block_tables(self) -> None:
+    def refcounts_match_the_page_tables(self) -> None:
         pool = self.cache.pool
         held = [0] * pool.num_pages
         for seq_id in self.tokens:

@@ -16,7 +16,7 @@ class Pages:
     """A page pool for one model; `new(capacity)` a sequence with pages for `capacity` tokens
     (appended on demand by `step` when capacity is None)."""
 
-    def __init__(self, model: CausalLM, num_pages: int = 64, block_size: int = 4) -> None:
+    def __init__(self, model: CausalLM, num_pages: int = 64, page_size: int = 4) -> None:
         a, weight = model.args, model.embed_tokens.weight
         per_page = a.num_layers * 2 * a.num_kv_heads * a.head_dim * weight.dtype.itemsize
         self.model = model
@@ -27,8 +27,8 @@ class Pages:
             dtype=weight.dtype,
             device=weight.device,
             allocator=Allocator(device=weight.device),
-            max_bytes=(num_pages + 1) * block_size * per_page,
-            block_size=block_size,
+            max_bytes=(num_pages + 1) * page_size * per_page,
+            page_size=page_size,
             enable_prefix_caching=False,
         )
         self._ids = itertools.count()

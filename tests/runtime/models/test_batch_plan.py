@@ -23,7 +23,7 @@ def make_cache(num_pages: int = 400) -> KVCache:
         device="cpu",
         allocator=Allocator(),
         max_bytes=(num_pages + 1) * BLOCK * 2 * HKV * D * 4,
-        block_size=BLOCK,
+        page_size=BLOCK,
         enable_prefix_caching=False,
     )
 

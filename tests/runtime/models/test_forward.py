@@ -105,7 +105,7 @@ def test_a_decode_step_writes_the_kv_a_prefill_writes(model: CausalLM) -> None:
     caches = []
     for split in (len(prompt), len(prompt) + 1):  # prompt then one decode / all in one prefill
         kv = SequenceKV.empty(
-            a.num_layers, a.num_kv_heads, a.head_dim, len(prompt) + 1, weight.dtype, block_size=4
+            a.num_layers, a.num_kv_heads, a.head_dim, len(prompt) + 1, weight.dtype, page_size=4
         )
         tokens = [*prompt, 7]
         model(torch.tensor(tokens[:split]), [SeqSlice(0, split, kv)])
@@ -143,7 +143,7 @@ def test_rotary_equals_hf_rotate_half() -> None:
 
 def test_a_kv_overflow_is_refused(model: CausalLM) -> None:
     a = model.args
-    kv = SequenceKV.empty(a.num_layers, a.num_kv_heads, a.head_dim, 1, block_size=1)
+    kv = SequenceKV.empty(a.num_layers, a.num_kv_heads, a.head_dim, 1, page_size=1)
     kv.advance(1)
     with pytest.raises(ValueError, match="KV overflow"):
         model(torch.tensor([1]), [SeqSlice(0, 1, kv)])

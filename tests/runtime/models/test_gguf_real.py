@@ -67,7 +67,7 @@ def test_logits_after_chat_prompts_match_transformers(
     hf_tokenizer, hf_model = smollm2_hf
     model = ours.model
     assert isinstance(model, CausalLM)
-    pages = Pages(model, num_pages=24, block_size=16)  # 4 prompts of < 64 tokens
+    pages = Pages(model, num_pages=24, page_size=16)  # 4 prompts of < 64 tokens
     prompts = [chat_ids(hf_tokenizer, chat) for chat in CHATS]
     got = pages.step([(pages.new(), ids) for ids in prompts])
     for ids, logits in zip(prompts, got, strict=True):

@@ -107,6 +107,6 @@ def test_kv_cursor_is_not_advanced_by_forward(pair) -> None:
 
 def test_kv_overflow_is_refused(pair) -> None:
     ours, _ = pair
-    kv = Pages(ours, block_size=2).new(capacity=2)
+    kv = Pages(ours, page_size=2).new(capacity=2)
     with pytest.raises(ValueError, match="KV overflow"):
         ours(torch.tensor([1, 2, 3]), [SeqSlice(0, 3, kv)])

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from openai.types.chat import ChatCompletionChunk
 
-from runtime.engine.reasons import FinishReason
 from runtime.engine.request import RequestHandle, TokenOutput
+from runtime.engine.stats import FinishReason
 from runtime.errors import InvalidRequestError
 from runtime.models.tokenizer import Tokenizer
 from runtime.server.openai.schemas import ChatCompletionRequest, ChatMessage

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from runtime.engine.reasons import FinishReason
 from runtime.engine.request import RequestHandle
+from runtime.engine.stats import FinishReason
 from runtime.errors import FastllmError, RequestCancelled
 from runtime.server.errors import error_payload
 from runtime.server.openai.streaming import DONE, sse
