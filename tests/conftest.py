@@ -46,6 +46,10 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(1)
 
 
+# tryfirst: xdist's worker reads the xdist_group markers in its own modifyitems hook, registered
+# after this conftest and so (pluggy calls the newest first) run before it otherwise: the groups
+# would be added too late, and every worker would build its own cluster, browser and real model
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`cuda` tests run only where a CUDA device exists (`pytest -m cuda` on a GPU machine).
     Under pytest-xdist (`make test`: `--dist loadgroup`), tests of one costly per-process
