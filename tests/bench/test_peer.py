@@ -1,6 +1,7 @@
 """bench.peer's pieces: the rope-layout permutation (checked against the math, not against
 itself), the f32 GGUF export read back, the skip without llama.cpp, and (only where the optional
-llama-cpp-python extra is installed) greedy agreement with llama.cpp on a tiny llama."""
+llama.cpp binding is installed: llama-cpp-python or llama_cpp_py_sync) greedy agreement and
+the logits after the prompt against llama.cpp on a tiny llama."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 
 from bench import peer
 from bench.gguf_export import pair_rope_rows, write_gguf
+from bench.peer_workers import _prompt_logits, llama_cpp_runner, pick_binding
 from runtime.models import ops
 from tests.runtime.models.builders import build_llama
 
@@ -71,7 +73,7 @@ def test_gguf_export_reads_back(tmp_path: Path) -> None:
 def test_skips_with_the_reason_without_llama_cpp(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(peer, "llama_cpp_missing", lambda: "llama_cpp is not importable (test)")
+    monkeypatch.setattr(peer, "llama_cpp_missing", lambda *_: "llama_cpp is not importable (test)")
     assert peer.main(["--quick"]) == 0
     out = capsys.readouterr()
     assert json.loads(out.out.strip().splitlines()[-1]) == {
@@ -81,11 +83,9 @@ def test_skips_with_the_reason_without_llama_cpp(
 
 
 def test_first_greedy_tokens_agree_with_llama_cpp(tmp_path: Path) -> None:
-    llama_cpp = pytest.importorskip(
-        "llama_cpp", reason="llama-cpp-python is an optional extra (pip install '.[peer]')"
-    )
-    import numpy as np
-
+    binding, missing = pick_binding()
+    if binding is None:  # CI installs neither binding: llama.cpp is an optional extra
+        pytest.skip(f"no llama.cpp binding (extra peer or peer-prebuilt): {missing}")
     from runtime.engine.offline import generate
     from runtime.engine.sampling import SamplingParams
     from runtime.models.loader import load_model
@@ -93,15 +93,11 @@ def test_first_greedy_tokens_agree_with_llama_cpp(tmp_path: Path) -> None:
     model_dir = build_llama(tmp_path / "llama")
     prompt = [5, 17, 99, 3, 250, 11]
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-    (ours,) = generate(load_model(model_dir, device="cpu"), [prompt], params)
-    llm = llama_cpp.Llama(
-        model_path=str(write_gguf(model_dir, tmp_path / "m.gguf")), n_ctx=64, verbose=False
+    loaded = load_model(model_dir, device="cpu")
+    (ours,) = generate(loaded, [prompt], params)
+    run = llama_cpp_runner(write_gguf(model_dir, tmp_path / "m.gguf"), binding, prompt)
+    assert run(1, 8) == ours.token_ids
+    theirs = torch.tensor(run(1, 0))
+    torch.testing.assert_close(
+        theirs, torch.tensor(_prompt_logits(loaded, prompt)), atol=1e-3, rtol=0
     )
-    llm.eval(prompt)
-    theirs: list[int] = []
-    for _ in range(8):
-        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(llm.ctx), shape=(llm.n_vocab(),))
-        theirs.append(int(np.argmax(logits)))
-        llm.eval(theirs[-1:])
-    llm.close()
-    assert theirs == ours.token_ids
