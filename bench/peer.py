@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.generate import DEFAULT_CACHE
@@ -56,6 +57,25 @@ from bench.peer_workers import BINDINGS, Worker, llama_cpp_missing, peer_version
 
 AGREE_TOKENS = 16
 LOGIT_TOL = 1e-3  # fp32 on both sides: only summation order differs
+
+
+def _sweep(
+    measure: Callable[[dict[str, Worker], int, int, int], dict],
+    workers: dict[str, Worker],
+    thread_counts: list[int],
+    new_tokens: int,
+    rounds: int,
+) -> dict:
+    """`measure` at each thread count: {"threads_<n>": figures}, printed as they come."""
+    report: dict = {}
+    for threads in thread_counts:
+        report[f"threads_{threads}"] = measure(workers, threads, new_tokens, rounds)
+        print(f"threads {threads}: {report[f'threads_{threads}']}", file=sys.stderr)
+    return report
+
+
+def _ratios(report: dict, thread_counts: list[int], key: str) -> dict[str, float]:
+    return {str(t): report[f"threads_{t}"][key] for t in thread_counts}
 
 
 def _measure(workers: dict[str, Worker], threads: int, new_tokens: int, rounds: int) -> dict:
@@ -126,15 +146,11 @@ def _real(args: argparse.Namespace, binding: str, peer: str, thread_counts: list
         their_logits = workers["llama_cpp"].prompt_logits()
         logit_diff = max(abs(a - b) for a, b in zip(fp32_logits, their_logits, strict=True))
         print(f"logits after the prompt: max |fp32 - llama.cpp| {logit_diff:.3g}", file=sys.stderr)
-        for threads in thread_counts:
-            report[f"threads_{threads}"] = _measure_real(workers, threads, new_tokens, rounds)
-            print(f"threads {threads}: {report[f'threads_{threads}']}", file=sys.stderr)
+        report.update(_sweep(_measure_real, workers, thread_counts, new_tokens, rounds))
     finally:
         for worker in workers.values():
             worker.close()
-    report["ratio_vs_llama_cpp"] = {
-        str(t): report[f"threads_{t}"]["int4_ratio_vs_llama_cpp"] for t in thread_counts
-    }
+    report["ratio_vs_llama_cpp"] = _ratios(report, thread_counts, "int4_ratio_vs_llama_cpp")
     report["first_tokens_agreement"] = agreement
     report["first_tokens_common_prefix"] = prefix
     report["fp32_first_logits_max_abs_diff"] = float(f"{logit_diff:.3g}")
@@ -193,16 +209,11 @@ def main(argv: list[str] | None = None) -> int:
             void = {"first_tokens_agree": False, "ours": ours, "llama_cpp": theirs}
             print(json.dumps({**void, "first_logits_max_abs_diff": logit_diff, "peer": peer}))
             return 1
-        report: dict = {}
-        for threads in thread_counts:
-            report[f"threads_{threads}"] = _measure(workers, threads, new_tokens, rounds)
-            print(f"threads {threads}: {report[f'threads_{threads}']}", file=sys.stderr)
+        report = _sweep(_measure, workers, thread_counts, new_tokens, rounds)
     finally:
         for worker in workers.values():
             worker.close()
-    report["ratio_vs_llama_cpp"] = {
-        str(t): report[f"threads_{t}"]["ratio_vs_llama_cpp"] for t in thread_counts
-    }
+    report["ratio_vs_llama_cpp"] = _ratios(report, thread_counts, "ratio_vs_llama_cpp")
     report["first_tokens_agree"] = True
     report["first_logits_max_abs_diff"] = float(f"{logit_diff:.3g}")
     report["clock"] = args.clock
