@@ -16,8 +16,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 
 @contextmanager
-def serve(model: Path, device: str, *, prefix_caching: bool) -> Iterator[str]:
-    """The server's base URL while it runs; metrics on, everything else around it off."""
+def serve(
+    model: Path, device: str, *, prefix_caching: bool, name: str | None = None
+) -> Iterator[str]:
+    """The server's base URL while it runs; metrics on, everything else around it off. `name`:
+    the model name it serves (default: the directory's)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -29,6 +32,7 @@ def serve(model: Path, device: str, *, prefix_caching: bool) -> Iterator[str]:
         "FASTLLM_TRACING_ENABLED": "false",
         "FASTLLM_STORAGE_ENABLED": "false",
         "FASTLLM_ALERTS_ENABLED": "false",
+        **({"FASTLLM_MODEL_NAME": name} if name else {}),
     }
     cmd = [sys.executable, "-m", "runtime", "serve", "--model", str(model), "--port", str(port)]
     proc = subprocess.Popen(

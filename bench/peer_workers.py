@@ -24,9 +24,10 @@ PROMPT_TOKENS = 32
 # gemms: only the weight GEMMs of a batch-1 decode step, back to back (no attention, no norms,
 # no engine): the ceiling this runtime could reach with torch's GEMMs on this CPU
 SIDES = ("fast", "eager", "llama_cpp", "gemms")
-# the real-model comparison (a quantized GGUF as is vs ours converted): our int4 engine, and the
-# float engines for reference
-REAL_SIDES = ("int4", "fp32", "bf16", "llama_cpp")
+# the real-model comparison (a quantized GGUF as is vs ours converted): our int4 and int8 engines
+# (the one matching the file's format is the compared side: `matching_side`), and the float
+# engines for reference
+REAL_SIDES = ("int4", "int8", "fp32", "bf16", "llama_cpp")
 # llama.cpp's Python bindings, in the order `pick_binding` prefers them when both import:
 # llama-cpp-python is built here with GGML_NATIVE, llama_cpp_py_sync is a generic prebuilt
 BINDINGS = ("llama_cpp", "llama_cpp_py_sync")
@@ -79,6 +80,34 @@ def peer_version(binding: str) -> str:
         f"llama_cpp_py_sync {sync.__version__} "
         f"(llama.cpp {sync.__llama_cpp_tag__}, commit {sync.__llama_cpp_commit__})"
     )
+
+
+def matching_side(gguf_path: Path) -> str:
+    """Our quantization that matches a GGUF's weights: int8 for a mostly-Q8_0 file, int4
+    otherwise (Q4_0, Q4_1 and the 4-bit K-quants are group-wise 4-bit)."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    names = [t.tensor_type.name for t in reader.tensors if t.name.endswith(".weight")]
+    return "int8" if names.count("Q8_0") * 2 > len(names) else "int4"
+
+
+def requantize(gguf_path: Path, out_path: Path, ftype: str) -> Path:
+    """A copy of `gguf_path` re-quantized by llama.cpp's own quantizer (llama-cpp-python's
+    `llama_model_quantize`), e.g. ftype "Q8_0"; written once."""
+    if out_path.is_file():
+        return out_path
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
+    params.allow_requantize = True  # the packaged file is already Q4_1
+    tmp = out_path.with_suffix(".part")
+    rc = llama_cpp.llama_model_quantize(str(gguf_path).encode(), str(tmp).encode(), params)
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize({gguf_path} -> {ftype}) returned {rc}")
+    tmp.rename(out_path)
+    return out_path
 
 
 def prompt_ids() -> list[int]:

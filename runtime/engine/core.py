@@ -38,7 +38,7 @@ from runtime.engine.stats import (
     StatsSink,
     StepStats,
 )
-from runtime.engine.threads import apply_num_threads
+from runtime.engine.threads import StepThreads, apply_num_threads
 from runtime.errors import EngineInternalError, FastllmError, RequestTimeout
 from runtime.memory.host_heap import HeapTrimmer
 
@@ -78,6 +78,7 @@ class EngineCore:
         self._stop = False
         self._thread: threading.Thread | None = None
         self.num_threads = 0  # intra-op threads the loop thread runs with (set when it starts)
+        self.step_threads: StepThreads | None = None  # per step: one thread or all (threads.py)
 
     # --- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -175,6 +176,7 @@ class EngineCore:
         if self.config.num_threads is not None:
             apply_num_threads(self.config.num_threads)
         self.num_threads = torch.get_num_threads()
+        self._step_threads()  # the warm-up's choices stand if it ran with the same count
         while True:
             with self.lock:
                 if self._stop:
@@ -222,7 +224,22 @@ class EngineCore:
         self._step(batch)
         return True
 
+    def _step_threads(self) -> StepThreads:
+        """The per-step thread policy for the calling thread's count (another if it differs: the
+        warm-up may run on another thread than the loop), kept with the model's weights."""
+        most = torch.get_num_threads()
+        if self.step_threads is None or self.step_threads.max_threads != most:
+            kept = self.runner.loaded.step_threads
+            if most not in kept:
+                on_cpu = torch.device(self.runner.device).type == "cpu"
+                kept[most] = StepThreads(most, enabled=on_cpu)
+            self.step_threads = kept[most]
+        return self.step_threads
+
     def _step(self, batch: SchedulerOutput) -> None:
+        num_tokens = batch.num_prefill_tokens + batch.num_decode_tokens
+        step_threads = self.step_threads or self._step_threads()
+        threads = step_threads.pick(num_tokens)
         started_ts, t0 = time.time(), time.perf_counter()
         error: Exception | None = None
         try:
@@ -232,6 +249,8 @@ class EngineCore:
             # drop the traceback: its frames hold views of the sequences' KV blocks
             error, sampled = exc.with_traceback(None), []
         busy_s = time.perf_counter() - t0
+        if error is None:
+            step_threads.observe(num_tokens, threads, busy_s)
         self.tracker.add_busy(busy_s)
         with self.lock:
             self.in_flight = set()

@@ -62,6 +62,9 @@ class LoadedModel:
     quantization: QuantizationSummary | None = None
     # fast decode steps built for this model, by (compile, cuda_graphs): runtime.models.fast
     fast_paths: dict[tuple[str, str], Any] = field(default_factory=dict, repr=False)
+    # per-step thread choices measured on this model, by the most threads (engine.threads), so a
+    # new engine on the same weights (offline generate) does not measure them again
+    step_threads: dict[int, Any] = field(default_factory=dict, repr=False)
 
     @property
     def is_causal_lm(self) -> bool:

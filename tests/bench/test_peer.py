@@ -13,7 +13,7 @@ import torch
 
 from bench import peer
 from bench.gguf_export import pair_rope_rows, write_gguf
-from bench.peer_workers import _prompt_logits, llama_cpp_runner, pick_binding
+from bench.peer_workers import _prompt_logits, llama_cpp_runner, matching_side, pick_binding
 from runtime.models import ops
 from tests.runtime.models.builders import build_llama
 
@@ -101,3 +101,21 @@ def test_first_greedy_tokens_agree_with_llama_cpp(tmp_path: Path) -> None:
     torch.testing.assert_close(
         theirs, torch.tensor(_prompt_logits(loaded, prompt)), atol=1e-3, rtol=0
     )
+
+
+@pytest.mark.parametrize(("qtype", "side"), [("Q8_0", "int8"), ("Q4_1", "int4"), ("F32", "int4")])
+def test_the_compared_side_matches_the_files_format(tmp_path: Path, qtype: str, side: str) -> None:
+    """Our int8 is compared with a Q8_0 file, our int4 with a 4-bit one (read from the tensors'
+    types, not the file name)."""
+    pytest.importorskip("gguf", reason="gguf is in the test extra")
+    from tests.runtime.models.gguf_files import write_gguf as write_typed_gguf
+
+    model_dir = build_llama(tmp_path / "llama", tokenizer=False)
+    assert matching_side(write_typed_gguf(model_dir, tmp_path / "m.gguf", qtype=qtype)) == side
+
+
+def test_requantize_needs_a_gguf_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        peer.main(["--requantize", "Q8_0"])
+    assert info.value.code == 2
+    assert "--requantize goes with --real or --model-gguf" in capsys.readouterr().err

@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import torch
+
 from runtime.engine.batching.step_model import StepTimeModel
 from runtime.engine.request import GenerationRequest, RequestHandle
 from runtime.engine.sampling import SamplingParams
@@ -76,6 +78,7 @@ def run_warmup(core: EngineCore, tokenizer: Tokenizer, plan: WarmupPlan, vocab_s
     sink, on_close = core.sink, core.on_close
     core.sink, core.on_close = None, None
     num_steps = 0
+    threads = torch.get_num_threads()  # steps may set one (StepThreads); the caller keeps its own
     try:
         for size in plan.batch_sizes:
             seqs = [
@@ -96,6 +99,7 @@ def run_warmup(core: EngineCore, tokenizer: Tokenizer, plan: WarmupPlan, vocab_s
                 core.records.clear()
     finally:
         core.sink, core.on_close = sink, on_close
+        torch.set_num_threads(threads)
     model = getattr(core.controller.source, "model", None)
     if isinstance(model, StepTimeModel):  # the sweep becomes the reference curve's shape
         model.seal_warmup()

@@ -1,0 +1,100 @@
+"""StepThreads: each size class of steps measures one thread against the most, alternating, and
+keeps the faster; the count is set on the calling thread (OpenMP's is per thread)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from runtime.engine.threads import StepThreads
+
+
+@pytest.fixture
+def two_threads() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def settle(policy: StepThreads, num_tokens: int, seconds: dict[int, float]) -> list[int]:
+    """Steps of `num_tokens` until a class settles; each takes `seconds[count]`."""
+    picked: list[int] = []
+    settled = len(policy.choice)
+    for _ in range(20):
+        threads = policy.pick(num_tokens)
+        picked.append(threads)
+        assert torch.get_num_threads() == threads  # applied, not only returned
+        policy.observe(num_tokens, threads, seconds[threads])
+        if len(policy.choice) > settled:
+            break
+    return picked
+
+
+@pytest.mark.usefixtures("two_threads")
+def test_each_size_class_keeps_the_faster_count() -> None:
+    policy = StepThreads(2, trials=3)
+    # batch 1: one thread is faster (what a 2-core CPU measured for SmolLM2 int4)
+    picked = settle(policy, 1, {1: 0.020, 2: 0.030})
+    assert picked == [1, 2] * 4  # alternating, a cold step and three timed ones each
+    assert policy.choice == {1: 1}
+    assert [policy.pick(1) for _ in range(3)] == [1, 1, 1]
+    # batch 8 (class 8): two threads are faster; 5..8 tokens share the class
+    for _ in range(8):
+        threads = policy.pick(5)
+        policy.observe(7, threads, {1: 0.050, 2: 0.040}[threads])
+    assert policy.choice == {1: 1, 8: 2}
+    assert policy.pick(6) == 2 == torch.get_num_threads()
+
+
+@pytest.mark.usefixtures("two_threads")
+def test_the_median_decides_and_the_cold_step_is_not_counted() -> None:
+    policy = StepThreads(2, trials=3)
+    # one thread: a very slow cold step, then fast; two threads: one outlier among fast steps
+    times = {1: iter([9.0, 0.010, 0.010, 0.010]), 2: iter([0.012, 0.012, 5.0, 0.012])}
+    for _ in range(8):
+        threads = policy.pick(3)
+        policy.observe(3, threads, next(times[threads]))
+    assert policy.choice == {4: 1}
+
+
+def test_one_thread_or_a_cuda_device_never_changes_the_count() -> None:
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert StepThreads(1).pick(1) == 1
+        torch.set_num_threads(2)
+        off = StepThreads(2, enabled=False)
+        for _ in range(10):
+            assert off.pick(1) == 2
+            off.observe(1, 2, 0.01)
+        assert off.choice == {} and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_engine_loop_runs_small_steps_on_the_count_it_measured(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Through a real engine (num_threads 2): the policy is kept on the loaded model, every class
+    the steps touched is measured on both counts, and the loop's own count stays the most."""
+    from runtime.engine.offline import generate
+    from runtime.engine.sampling import SamplingParams
+    from runtime.models.loader import load_model
+    from tests.runtime.models.builders import build_llama
+
+    loaded = load_model(build_llama(tmp_path_factory.mktemp("threads") / "llama"), device="cpu")
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    caller = threading.get_ident()
+    generate(loaded, [[5, 6, 7]], params, num_threads=2)
+    assert threading.get_ident() == caller
+    policy = loaded.step_threads[2]
+    assert policy.choice.get(1) in (1, 2)  # batch-1 decode settled on one of the two
+    timed = {key for key, seconds in policy._seconds.items() if key[0] == 1}
+    assert timed == {(1, 1), (1, 2)}
+    # a second engine on the same weights starts from what the first measured
+    generate(loaded, [[5, 6, 7]], params, num_threads=2)
+    assert loaded.step_threads[2] is policy
