@@ -1,7 +1,7 @@
 """Logprobs and sampling controls: what they cost the requests that use none of them, and how
 fast the engine scores prompts (loglikelihood) against `transformers` scoring the same prompts.
 
-    python -m bench.logprobs [--quick] [--model DIR] [--device cpu|cuda] [--threads N]
+    python -m bench.logprobs [--quick] [--model DIR|FILE.gguf] [--device cpu|cuda] [--threads N]
 
 Model: the `small` llama (random weights) under --cache-dir (the checkpoint bench.serving and
 bench.http use), or --model; --quick uses the tiny demo llama and fewer requests.
@@ -103,8 +103,12 @@ def hf_scores(model: Any, work: list[list[int]], batch: int) -> tuple[float, lis
 def ensure_model(path: str | None, cache_dir: Path, quick: bool) -> Path:
     from runtime.models.demo import make_demo_model
 
-    if path:
-        return Path(path)
+    if path:  # a checkpoint dir, or a GGUF file converted once into cache_dir
+        from bench.model_arg import resolve_model
+
+        resolved = resolve_model(Path(path), cache_dir)
+        assert resolved is not None
+        return resolved
     name = "llama-tiny-seed0" if quick else "llama-small-seed0"  # bench.serving's checkpoint
     default = cache_dir / name
     if not (default / "config.json").exists():
@@ -116,7 +120,7 @@ def ensure_model(path: str | None, cache_dir: Path, quick: bool) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--model", default=None)
+    parser.add_argument("--model", default=None, help="checkpoint dir or .gguf file")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)

@@ -1,6 +1,7 @@
 """Serving throughput and TTFT of the engine vs `transformers`, same model, same run.
 
     python -m bench.serving [--quick] [--device auto|cpu|cuda] [--threads N] [--cache-dir DIR]
+                            [--model DIR|FILE.gguf] [--quantization int8|int4]
 
 Workload: the `small` llama (random weights), 32 concurrent streams, prompts of 32–256 tokens,
 64–128 new tokens each (greedy, never stopping early); --quick: prompts of 16–64 tokens,
@@ -16,6 +17,8 @@ Measured:
 - fraction_of_matmul_peak: the time torch's fp32 matmuls take on the GEMMs of every engine step
   (each step at its own shapes: layers over its tokens, lm_head over its sampled rows) over the
   engine's busy time (execute: forward + sampling).
+- with --quantization: the same workload on a second engine whose decoder linears are quantized
+  at load, after the float one in the same run: quantized_ratio_vs_float (generated tokens/s).
 Last line: one JSON object with ratio_vs_hf_serial, ratio_vs_hf_static,
 ttft_p50_ratio_vs_hf_static, fraction_of_matmul_peak (plus the raw numbers).
 """
@@ -28,6 +31,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +94,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
     add_model_argument(parser)
+    parser.add_argument(
+        "--quantization",
+        choices=("int8", "int4"),
+        default=None,
+        help="also run the workload with the decoder linears quantized at load (same run)",
+    )
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -122,6 +132,14 @@ def main(argv: list[str] | None = None) -> None:
     engine_tps = run_engine(engine, work, "b")
     steps = list(sink.steps)
     print(f"engine: {engine_tps:.1f} tok/s over {len(steps)} steps", file=sys.stderr)
+    quantized_tps = None
+    if args.quantization:
+        quantized = Engine(replace(config, quantization=args.quantization))
+        quantized.load()
+        run_engine(quantized, make_workload(4, quick=True, seed=9), "qwarm")
+        quantized_tps = run_engine(quantized, work, "q")
+        quantized.shutdown(drain_timeout_s=60)
+        print(f"engine, {args.quantization}: {quantized_tps:.1f} tok/s", file=sys.stderr)
 
     from transformers import LlamaForCausalLM
 
@@ -164,6 +182,10 @@ def main(argv: list[str] | None = None) -> None:
         "policy": "throughput band (max_util 0.95)",
         "quick": args.quick,
     }
+    if quantized_tps is not None:
+        report["quantization"] = args.quantization
+        report["quantized_tokens_per_s"] = round(quantized_tps, 1)
+        report["quantized_ratio_vs_float"] = round(quantized_tps / engine_tps, 3)
     missed = [k for k, v in TARGETS.items() if report[k] < v]  # type: ignore[operator]
     if missed:
         print(f"below target: {', '.join(missed)}", file=sys.stderr)
