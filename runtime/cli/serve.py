@@ -51,7 +51,8 @@ from runtime.errors import ModelLoadError
     "--num-threads",
     type=Bounded(0, 1024),
     default=None,
-    help="intra-op threads for model ops (0: the physical cores)",
+    help="most intra-op threads for model ops (0: the physical cores); on CPU each step size "
+    "runs on one or on all, whichever measured faster",
 )
 @click.option(
     "--batch-goal",

@@ -52,7 +52,10 @@ class StepThreads:
     timed steps each after a cold one, and the class then keeps the count whose median step was
     shorter. Alternating makes a slow drift (a growing context, other load) hit both alike.
     Off (the count never changes) when the most is one, or for a CUDA device, whose steps do not
-    run on these threads."""
+    run on these threads. A reduction split across another number of threads can round
+    differently, so while a class is measuring, two identical requests may differ in the last
+    bits of their logits (as they may in batches of different shapes); greedy tokens agree
+    unless two logits tie within that rounding."""
 
     def __init__(self, max_threads: int, *, enabled: bool = True, trials: int = 3) -> None:
         self.max_threads = max_threads

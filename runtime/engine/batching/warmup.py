@@ -24,6 +24,7 @@ from runtime.engine.sampling import SamplingParams
 from runtime.engine.sequence import Sequence
 from runtime.engine.stats import FinishReason, RequestStats
 from runtime.engine.stopping import StopChecker
+from runtime.engine.threads import apply_num_threads
 
 if TYPE_CHECKING:
     from runtime.engine.core import EngineCore
@@ -78,7 +79,9 @@ def run_warmup(core: EngineCore, tokenizer: Tokenizer, plan: WarmupPlan, vocab_s
     sink, on_close = core.sink, core.on_close
     core.sink, core.on_close = None, None
     num_steps = 0
-    threads = torch.get_num_threads()  # steps may set one (StepThreads); the caller keeps its own
+    threads = torch.get_num_threads()  # the caller's count, given back after the sweep
+    if core.config.num_threads is not None:  # the sweep's steps run as the loop's will
+        apply_num_threads(core.config.num_threads)
     try:
         for size in plan.batch_sizes:
             seqs = [

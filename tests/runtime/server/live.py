@@ -42,7 +42,16 @@ def light_settings(**overrides: Any) -> Settings:
 
 
 def engine_for(path: Path, sink: FanOut, *, name: str, **config: Any) -> Engine:
-    fields: dict[str, Any] = {"model_path": path, "model_name": name, "device": "cpu"}
+    """One intra-op thread unless a test asks for more (tests/conftest.py: the workers share two
+    cores). It also keeps a server's floats bit-for-bit repeatable: with more, the first steps of
+    each size class alternate between thread counts (runtime.engine.threads.StepThreads), and a
+    reduction split another way changes the last bits of a logprob."""
+    fields: dict[str, Any] = {
+        "model_path": path,
+        "model_name": name,
+        "device": "cpu",
+        "num_threads": 1,
+    }
     fields.update(config)
     return Engine(EngineConfig(**fields), sink=sink)
 
