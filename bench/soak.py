@@ -131,7 +131,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
     add_model_argument(parser)
-    parser.add_argument("--interval", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--interval",
+        type=int,
+        default=None,
+        help="sample RSS every N finished requests (default: requests/20, at most 1000); with "
+        "--max-seconds on a slow model give a small one, or no sample may be taken",
+    )
     parser.add_argument("--child", choices=MODES, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.requests = args.requests or (QUICK_REQUESTS if args.quick else 100_000)
