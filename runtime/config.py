@@ -90,6 +90,11 @@ class Settings(BaseSettings):
         "int4 (group-wise) | fp8 (CUDA, compute capability >= 8.9)",
     )
     quant_group_size: int = Field(32, description="int4: input features per scale (32-256)")
+    quantize_lm_head: bool = Field(
+        False,
+        description="with int8/int4: the LM head in int8 too (one scale per vocabulary row; "
+        "faster decode on small models, at some cost in agreement: docs/quantization.md)",
+    )
     num_threads: int = Field(
         0, ge=0, le=1024, description="intra-op threads for model ops; 0: the physical cores"
     )

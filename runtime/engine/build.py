@@ -64,6 +64,7 @@ def default_loader(config: EngineConfig) -> Callable[[], LoadedModel]:
             legacy_support=config.legacy_support,
             quantization=config.quantization,
             quant_group_size=config.quant_group_size,
+            quantize_lm_head=config.quantize_lm_head,
         )
 
     return load

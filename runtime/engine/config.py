@@ -22,6 +22,7 @@ class EngineConfig:
     legacy_support: bool = False
     quantization: str | None = None  # weight-only int8 | int4 | fp8 at load; None: float
     quant_group_size: int = 32  # int4: input features per scale/zero
+    quantize_lm_head: bool = False  # with int8/int4: the LM head in int8 per row too
     # intra-op threads of the engine loop's thread (set inside it: OpenMP's thread count is per
     # thread); 0: the physical cores; None: leave what the thread inherits (offline use, tests)
     num_threads: int | None = None
@@ -74,6 +75,7 @@ class EngineConfig:
             "legacy_support": settings.legacy_support,
             "quantization": None if settings.quantization == "none" else settings.quantization,
             "quant_group_size": settings.quant_group_size,
+            "quantize_lm_head": settings.quantize_lm_head,
             "num_threads": settings.num_threads,
             "max_num_seqs": settings.max_num_seqs,
             "min_num_seqs": settings.min_num_seqs,

@@ -27,6 +27,7 @@ from runtime.models.config import ModelArgs
 from runtime.models.families import GemmaForCausalLM, LlamaForCausalLM
 from runtime.models.gguf_io.reader import is_gguf
 from runtime.models.quantize import QuantizationSummary, quantize_model
+from runtime.models.quantize import quantize_lm_head as quantize_lm_head_
 from runtime.models.weights import WeightEntry, is_ignored, weight_table
 
 if TYPE_CHECKING:
@@ -80,9 +81,11 @@ def load_model(
     load_tokenizer: bool = True,
     quantization: str | None = None,
     quant_group_size: int = 32,
+    quantize_lm_head: bool = False,
 ) -> LoadedModel:
     """`quantization` (int8 | int4 | fp8) quantizes the decoder's linears after the float load
-    (runtime.models.quantize); the summary records what it cost."""
+    (runtime.models.quantize), `quantize_lm_head` the LM head too (int8 per row, with int8 or
+    int4, stored checkpoints included); the summary records what it cost."""
     path = Path(path)
     if is_gguf(path):  # a single llama.cpp file: metadata, weights and tokenizer in one
         loaded = load_gguf_model(path, dtype=dtype, device=device, load_tokenizer=load_tokenizer)
@@ -90,6 +93,8 @@ def load_model(
             loaded.quantization = quantize_model(
                 loaded.model, quantization, group_size=quant_group_size
             )
+            if quantize_lm_head:
+                quantize_lm_head_(loaded.model, loaded.quantization)
         return loaded
     if not path.is_dir():
         raise ModelLoadError(f"model directory {path} does not exist")
@@ -118,6 +123,8 @@ def load_model(
         if not isinstance(model, CausalLM):
             raise ConfigError("quantization applies to causal LMs only", param="quantization")
         summary = quantize_model(model, quantization, group_size=quant_group_size)
+    if quantize_lm_head and summary is not None:  # a stored checkpoint's head is float: here too
+        quantize_lm_head_(model, summary)
     tokenizer = None
     if load_tokenizer:
         from runtime.models.tokenizer import Tokenizer  # lazy: heavy, and optional in tests

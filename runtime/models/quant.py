@@ -60,6 +60,13 @@ class QuantizedLinear(nn.Module):
         """out [T, out_features] += self(x), in place (the kernels cannot accumulate)."""
         return out.add_(self(x))
 
+    def weight_rows(self, index: Tensor) -> Tensor:
+        """Rows `index` of the dequantized fp32 weight (the logit probe reads a few rows of the
+        LM head; a layer with a cheaper gather overrides this)."""
+        weight = self.weight
+        assert isinstance(weight, Tensor)
+        return weight[index]
+
 
 def _bf16_exact(t: Tensor) -> Tensor:
     """fp32 values that bf16 represents exactly (the kernel's scale dtype)."""
@@ -101,6 +108,9 @@ class Int8Linear(QuantizedLinear):
     def weight(self) -> Tensor:
         """The dequantized [out, in] weight in fp32 (what the reference path computes with)."""
         return self.codes.float() * self.scales[:, None]
+
+    def weight_rows(self, index: Tensor) -> Tensor:
+        return self.codes[index].float() * self.scales[index, None]
 
     @property
     def weight_bytes(self) -> int:

@@ -31,6 +31,7 @@ from torch import Tensor
 from runtime.models import ops
 from runtime.models.base import CausalLM
 from runtime.models.layers import DecoderLayer, Linear, RMSNorm
+from runtime.models.quant import QuantizedLinear
 
 
 @dataclass
@@ -138,8 +139,12 @@ def reference_forward(
         x = h + _linear(getattr(ops, f"{mlp.act}_ref")(gate, up), mlp.down_proj)
     last_rows = torch.tensor(list(itertools.accumulate(lengths)), device=device) - 1
     last = _norm(x[last_rows], model.norm, offset)  # [N, H]
-    head = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
     chosen = torch.tensor([token for _, token in seqs], device=device)
-    logits = (last * head[chosen].float()).sum(-1)  # [N]: only the chosen rows of the head
+    lm_head = model.lm_head
+    if isinstance(lm_head, QuantizedLinear):  # the dequantized rows of the same int8 codes
+        rows = lm_head.weight_rows(chosen)
+    else:
+        rows = (model.embed_tokens.weight if lm_head is None else lm_head.weight)[chosen].float()
+    logits = (last * rows).sum(-1)  # [N]: only the chosen rows of the head
     assert captured is not None, f"capture_layer {capture_layer} out of range"
     return ReferenceResult(chosen_logits=logits.tolist(), inputs=captured)

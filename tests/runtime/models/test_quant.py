@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from runtime.errors import ConfigError, ModelLoadError
+from runtime.models.layers import Linear
 from runtime.models.loader import load_model
 from runtime.models.quant import Int4Linear, Int8Linear
 from runtime.models.quantize import is_quantized, quantize_linear, weight_bytes_by_format
@@ -110,17 +111,30 @@ def test_unknown_method_and_fp8_off_cuda_are_config_errors() -> None:
         quantize_linear("l", weight, None, "fp8")
 
 
-@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize(("method", "head"), [("int8", False), ("int4", True)])
 def test_quantized_tiny_model_logits_follow_the_reference_with_the_same_weights(
-    method: str, demo_model_dir: Callable[[str], Path]
+    method: str, head: bool, demo_model_dir: Callable[[str], Path]
 ) -> None:
-    """The reference path reads each quantized layer's dequantized weights, so the production
-    forward differs from it only by the kernels' activation rounding."""
+    """The reference path reads each quantized layer's dequantized weights (the int8 LM head's
+    too, when asked for), so the production forward differs from it only by the kernels'
+    activation rounding."""
     path = demo_model_dir("llama")
-    loaded = load_model(path, device="cpu", quantization=method)
+    loaded = load_model(path, device="cpu", quantization=method, quantize_lm_head=head)
     assert loaded.quantization is not None and is_quantized(loaded.model)
     num_layers = loaded.args.num_layers
     assert len(loaded.quantization.layers) == 4 * num_layers
+    # the LM head: int8 per vocabulary row when asked, whatever the layers' method; the
+    # embedding table stays in the serving dtype either way
+    assert loaded.model.embed_tokens.weight.dtype == torch.float32
+    if head:
+        lm_head = loaded.model.lm_head
+        assert isinstance(lm_head, Int8Linear) and lm_head.out_features == loaded.args.vocab_size
+        assert loaded.quantization.head is not None and loaded.quantization.head.name == "lm_head"
+        rows = torch.tensor([0, 7, loaded.args.vocab_size - 1])
+        assert torch.equal(lm_head.weight_rows(rows), lm_head.weight[rows])
+    else:
+        assert not isinstance(loaded.model.lm_head, Int8Linear)
+        assert loaded.quantization.head is None
     formats = weight_bytes_by_format(loaded.model)
     assert sum(formats.get(m, 0) for m in ("int8", "int4")) == loaded.quantization.weight_bytes
     if method == "int4":  # the tiny model's MLP width (176) is no multiple of 32: int8 there
@@ -155,6 +169,13 @@ def _load_dequantized(float_model: torch.nn.Module, quantized: torch.nn.Module) 
             parent, attr = path.split(".")
             target = getattr(getattr(dst, parent), attr)
             target.weight_t.copy_(getattr(getattr(src, parent), attr).weight.t())
+    # an int8 LM head: a float head holding its dequantized rows (the embedding table stays)
+    head = quantized.lm_head
+    if not isinstance(head, Int8Linear):
+        return
+    float_head = Linear(head.in_features, head.out_features, bias=False)
+    float_head.weight_t.data = head.weight.t().contiguous()
+    float_model.lm_head = float_head
 
 
 def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
@@ -196,6 +217,16 @@ def test_convert_quantize_round_trips_through_the_loader(
             assert type(m1) is type(m2)
             assert torch.equal(m1.weight, m2.weight)
         assert torch.equal(a.attn.qkv_proj(x), b.attn.qkv_proj(x))
+    # the LM head is stored in float; asked for, it is int8 both ways, quantized at load
+    assert stored.quantization.head is None
+    heads = [
+        load_model(p, device="cpu", quantization=method, quantize_lm_head=True)
+        for p in (out, demo_model_dir("llama"))
+    ]
+    for loaded in heads:
+        assert isinstance(loaded.model.lm_head, Int8Linear) and loaded.quantization is not None
+        assert loaded.quantization.head is not None and loaded.quantization.head.method == "int8"
+    assert torch.equal(heads[0].model.lm_head.weight, heads[1].model.lm_head.weight)
     # a quantized checkpoint refuses another quantization, and cannot be quantized twice
     with pytest.raises(ConfigError, match="holds"):
         load_model(out, device="cpu", quantization="int8" if method == "int4" else "int4")

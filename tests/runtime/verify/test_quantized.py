@@ -21,7 +21,7 @@ from tests.runtime.engine.support import RecordingSink
 from tests.runtime.verify.support import _corrupt, random_prompts, serve
 
 
-def _run(model_dir: Path, method: str, num_prompts: int) -> RecordingSink:
+def _run(model_dir: Path, method: str, num_prompts: int, head: bool = False) -> RecordingSink:
     recorder = RecordingSink()
     verifier = Verifier(recorder, sample_rate=1.0, queue_size=4096)
     engine = Engine(
@@ -30,7 +30,9 @@ def _run(model_dir: Path, method: str, num_prompts: int) -> RecordingSink:
             quantization=method,
         ),
         recorder,
-        loader=lambda: load_model(model_dir, device="cpu", quantization=method),
+        loader=lambda: load_model(
+            model_dir, device="cpu", quantization=method, quantize_lm_head=head
+        ),
         allocator=Allocator(device="cpu"),
         verifier=verifier,
     )  # fmt: skip
@@ -44,12 +46,14 @@ def _run(model_dir: Path, method: str, num_prompts: int) -> RecordingSink:
     return recorder
 
 
-@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize(("method", "head"), [("int8", False), ("int4", False), ("int4", True)])
 def test_an_intact_quantized_model_has_no_anomaly(
-    method: str, demo_model_dir: Callable[[str], Path]
+    method: str, head: bool, demo_model_dir: Callable[[str], Path]
 ) -> None:
+    """head: the int8 LM head (quantize_lm_head), which the logit probe's reference reads as the
+    dequantized rows of the same codes."""
     threshold = default_threshold("float32", method)
-    recorder = _run(demo_model_dir("llama"), method, 16)
+    recorder = _run(demo_model_dir("llama"), method, 16, head)
     logits = recorder.by_op()["logit"]
     assert len(logits) == 16
     assert all(r.abs_error <= threshold for r in logits), max(r.abs_error for r in logits)
@@ -69,3 +73,21 @@ def test_a_corrupted_quantized_kernel_is_caught(
     logits = _run(demo_model_dir("llama"), method, 8).by_op()["logit"]
     assert len(logits) == 8
     assert sum(r.abs_error > threshold for r in logits) >= 6  # nearly every request shows it
+
+
+def test_a_corrupted_int8_lm_head_is_caught(
+    demo_model_dir: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The head's kernel is corrupted only where its output is the vocabulary (the layers'
+    int8 projections stay intact): the logit probe, which reads the head's rows, sees it."""
+    intact = Int8Linear.forward
+
+    def broken(self: Int8Linear, x: torch.Tensor) -> torch.Tensor:
+        out = intact(self, x)
+        return _corrupt(out, 0.05) if self.out_features > 256 else out
+
+    monkeypatch.setattr(Int8Linear, "forward", broken)
+    threshold = default_threshold("float32", "int4")
+    logits = _run(demo_model_dir("llama"), "int4", 8, head=True).by_op()["logit"]
+    assert len(logits) == 8
+    assert sum(r.abs_error > threshold for r in logits) >= 6
