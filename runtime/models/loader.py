@@ -26,8 +26,7 @@ from runtime.models.checkpoint import TensorSource, open_checkpoint
 from runtime.models.config import ModelArgs
 from runtime.models.families import GemmaForCausalLM, LlamaForCausalLM
 from runtime.models.gguf_io.reader import is_gguf
-from runtime.models.quantize import QuantizationSummary, quantize_model
-from runtime.models.quantize import quantize_lm_head as quantize_lm_head_
+from runtime.models.quantize import QuantizationSummary, quantize_head, quantize_model
 from runtime.models.weights import WeightEntry, is_ignored, weight_table
 
 if TYPE_CHECKING:
@@ -94,7 +93,7 @@ def load_model(
                 loaded.model, quantization, group_size=quant_group_size
             )
             if quantize_lm_head:
-                quantize_lm_head_(loaded.model, loaded.quantization)
+                quantize_head(loaded.model, loaded.quantization)
         return loaded
     if not path.is_dir():
         raise ModelLoadError(f"model directory {path} does not exist")
@@ -124,7 +123,7 @@ def load_model(
             raise ConfigError("quantization applies to causal LMs only", param="quantization")
         summary = quantize_model(model, quantization, group_size=quant_group_size)
     if quantize_lm_head and summary is not None:  # a stored checkpoint's head is float: here too
-        quantize_lm_head_(model, summary)
+        quantize_head(model, summary)
     tokenizer = None
     if load_tokenizer:
         from runtime.models.tokenizer import Tokenizer  # lazy: heavy, and optional in tests

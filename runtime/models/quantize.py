@@ -30,7 +30,7 @@ class QuantizationSummary:
     method: str  # int8 | int4 | fp8
     group_size: int  # int4's group; int8/fp8: per output channel (0 here)
     layers: list[QuantReport] = field(default_factory=list)  # the decoder projections
-    head: QuantReport | None = None  # the int8 LM head (quantize_lm_head)
+    head: QuantReport | None = None  # the int8 LM head (quantize_head, when asked)
 
     @property
     def all_layers(self) -> list[QuantReport]:
@@ -121,7 +121,7 @@ def quantize_model(model: nn.Module, method: str, *, group_size: int = 32) -> Qu
 
 
 @torch.inference_mode()
-def quantize_lm_head(model: nn.Module, summary: QuantizationSummary) -> None:
+def quantize_head(model: nn.Module, summary: QuantizationSummary) -> None:
     """The LM head as int8 per vocabulary row, for int8 and int4 models (fp8 keeps its float
     head). A stored quantized checkpoint keeps the head in float; the loader calls this for it
     too when asked."""
