@@ -94,8 +94,10 @@ class Load:
                     self.errors.append(f"{reply.status_code}: {reply.text[:200]}")
 
     def start(self) -> Load:
-        if self._threads:  # once: the first test that needs traffic starts it
+        if any(t.is_alive() for t in self._threads):  # the first test that needs traffic starts it
             return self
+        self._stop.clear()  # again after a stop: a later test wants fresh rates on the page
+        self._threads = []
         for k in range(2):
             thread = threading.Thread(target=self._client, args=(k,), daemon=True)
             thread.start()
@@ -319,6 +321,9 @@ def test_numbers_match_metrics_anomalies_show_and_the_admin_sees_owners(
 def test_the_page_fits_a_phone(
     stack: Stack, browser: Callable[[int, int], Any], tmp_path: Path
 ) -> None:
+    # traffic again: the earlier test stopped it, and once its rate windows pass, the rate panels
+    # read "no data" (how many depends on how slow the machine is: CI saw 7 where 2 were allowed)
+    stack.load.start()
     driver = browser(390, 844)
     driver.get(stack.page_url)
     wait_for(lambda: driver.execute_script("return document.body.dataset.refreshed"), "panels")
@@ -329,10 +334,20 @@ def test_the_page_fits_a_phone(
         ".querySelectorAll('article')].map(e => e.getBoundingClientRect().right))]"
     )
     assert overflow[0] <= width and overflow[1] <= width, overflow
-    # the load has stopped: an alert may have resolved, leaving the active-alerts table empty
-    states = [p["state"] for p in driver.execute_script(PANEL_STATES)]
-    assert set(states) <= {"ok", "nodata", "sql", "unsupported"}, states
-    assert states.count("ok") >= len(states) - 6, states
+
+    def mostly_drawn() -> list[dict[str, Any]] | None:
+        # 3 SQL panels and the unsupported one never draw; two more may still be waiting on a
+        # window (a utilization sample, an alert that has not fired again yet)
+        panels = driver.execute_script(PANEL_STATES)
+        drawn = [p for p in panels if p["state"] == "ok"]
+        return panels if len(drawn) >= len(panels) - 6 else None
+
+    try:
+        panels = wait_for(mostly_drawn, "the panels drawn on a phone", timeout_s=60)
+    finally:
+        stack.load.stop()
+    states = [p["state"] for p in panels]
+    assert set(states) <= {"ok", "nodata", "sql", "unsupported"}, panels
     assert console_errors(driver) == []
     screenshot(driver, tmp_path / "status-phone.png")
     driver.save_screenshot(str(tmp_path / "status-phone-viewport.png"))
