@@ -51,7 +51,7 @@ test: setup-test
 lint: setup-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy runtime monitoring storage alerts tools
+	$(BIN)/mypy runtime monitoring storage alerts tools bench
 	$(BIN)/lint-imports
 
 # each benchmark prints a ratio against a reference measured in the same run; last line is JSON

@@ -157,7 +157,9 @@ def _gemms(model_dir: Path) -> Callable[[int, int], list[Any]]:
     from runtime.models.layers import Linear
     from runtime.models.loader import load_model
 
-    model = load_model(model_dir, dtype="float32", device="cpu", load_tokenizer=False).model
+    model: Any = load_model(  # a CausalLM: its args and embeddings are not on nn.Module
+        model_dir, dtype="float32", device="cpu", load_tokenizer=False
+    ).model
     weights = [m.weight_t for m in model.modules() if isinstance(m, Linear)]
     head = None if any(w.shape[1] == model.args.vocab_size for w in weights) else model
     x = torch.randn(1, model.args.hidden_size)

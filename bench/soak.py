@@ -2,7 +2,8 @@
 
     python -m bench.soak [--requests N] [--quick] [--telemetry] [--threads N] [--cache-dir DIR]
     python -m bench.soak --server [--model DIR] [--requests N] [--samples-out FILE]
-    python -m bench.soak --embeddings [--requests N] [--samples-out FILE]
+        [--setting NAME=VALUE]
+    python -m bench.soak --embeddings [--requests N] [--samples-out FILE] [--setting NAME=VALUE]
 
 Workload (fixed seed): prompts of 8–512 tokens, 1–64 new tokens (greedy, never stopping early),
 submitted in batches of 1–48 requests, the next batch queued before the previous one is awaited.
@@ -67,6 +68,14 @@ def run_child(args: argparse.Namespace, mode: str) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def _setting(text: str) -> tuple[str, str]:
+    """NAME=VALUE to the server's environment variable: FASTLLM_NAME, VALUE."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return f"FASTLLM_{name.strip().upper()}", value
+
+
 def print_table(results: dict[str, dict]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -93,7 +102,9 @@ def _run_http_soak(args: argparse.Namespace) -> dict:
     if args.embeddings:
         from bench.soak_embeddings import run_embeddings_soak
 
-        return run_embeddings_soak(args.requests, args.interval, max_seconds=args.max_seconds)
+        return run_embeddings_soak(
+            args.requests, args.interval, max_seconds=args.max_seconds, settings=args.setting
+        )
     from bench.soak_server import run_server_soak
 
     # --server's default is the small llama (the engine soak's, the tiny one)
@@ -103,7 +114,9 @@ def _run_http_soak(args: argparse.Namespace) -> dict:
         if not (model / "config.json").is_file():
             print(f"building the small llama under {model}", file=sys.stderr)
             make_demo_model(model, arch="llama", size="small", seed=0)
-    return run_server_soak(model, args.requests, args.interval, max_seconds=args.max_seconds)
+    return run_server_soak(
+        model, args.requests, args.interval, max_seconds=args.max_seconds, settings=args.setting
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -138,8 +151,18 @@ def main(argv: list[str] | None = None) -> None:
         help="sample RSS every N finished requests (default: requests/20, at most 1000); with "
         "--max-seconds on a slow model give a small one, or no sample may be taken",
     )
+    parser.add_argument(
+        "--setting",
+        type=_setting,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="--server/--embeddings: a server setting (repeatable), e.g. "
+        "heap_mmap_threshold_bytes=1048576",
+    )
     parser.add_argument("--child", choices=MODES, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.setting = dict(args.setting)
     args.requests = args.requests or (QUICK_REQUESTS if args.quick else 100_000)
     if args.interval is None:
         # 1,000 as specified for long runs; N/20 when smaller, so short runs get 20 samples too

@@ -86,13 +86,17 @@ async def _drive(
 
 
 def run_embeddings_soak(
-    num_requests: int, interval: int, device: str = "cpu", max_seconds: float = float("inf")
+    num_requests: int,
+    interval: int,
+    device: str = "cpu",
+    max_seconds: float = float("inf"),
+    settings: dict[str, str] | None = None,
 ) -> dict:
     """`max_seconds`: no request is started after that long; the figures then cover the
-    requests actually finished."""
+    requests actually finished. `settings`: FASTLLM_* variables for the server."""
     model = minilm_dir()
-    print("policy: defaults (embeddings do not go through the batch controller)", file=sys.stderr)
-    server = start_server(str(model), device, {})
+    print(f"policy: defaults {settings or ''} (no batch controller for encoders)", file=sys.stderr)
+    server = start_server(str(model), device, settings or {})
     start = time.perf_counter()
     try:
         stop_at = time.monotonic() + max_seconds

@@ -173,13 +173,15 @@ def run_server_soak(
     interval: int,
     device: str = "cpu",
     max_seconds: float = float("inf"),
+    settings: dict[str, str] | None = None,
 ) -> dict:
     """`max_seconds`: no request is started after that long from the call (a soak on a shared
-    machine that must end by a deadline); the figures then cover the requests finished."""
-    print("policy: server defaults", file=sys.stderr, flush=True)
+    machine that must end by a deadline); the figures then cover the requests finished.
+    `settings`: FASTLLM_* variables for the server (empty: its defaults)."""
+    print(f"policy: server defaults {settings or ''}", file=sys.stderr, flush=True)
     stop_at = time.monotonic() + max_seconds  # the model's load counts too
     # a loaded shared machine can take minutes to load and warm the model up
-    server = start_server(str(model), device, {}, ready_timeout_s=1800.0)
+    server = start_server(str(model), device, settings or {}, ready_timeout_s=1800.0)
     start = time.perf_counter()
     try:
         models = httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"]

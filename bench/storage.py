@@ -24,7 +24,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine, delete, insert
 
-from runtime.engine.stats import RequestStats, VerificationResult
+from runtime.engine.stats import FinishReason, RequestStats, VerificationResult
 from storage.db import make_engine, upgrade
 from storage.models import InferenceLog
 from storage.rows import probe_row, request_row
@@ -49,7 +49,7 @@ def workload(n: int) -> list[tuple[list[RequestStats], list[VerificationResult]]
                     finished_ts=now,
                     prompt_tokens=12,
                     completion_tokens=32,
-                    finished_reason="stop",
+                    finished_reason=FinishReason.STOP,
                     batch_size=8,
                 )
             )

@@ -134,6 +134,12 @@ class Settings(BaseSettings):
     heap_trim_interval_s: float = Field(
         5.0, ge=0.0, description="return free heap pages to the OS this often (0: never)"
     )
+    heap_mmap_threshold_bytes: int = Field(
+        0,
+        ge=0,
+        le=32 << 20,
+        description="fix glibc's mmap threshold (flatter RSS, slower); 0: glibc's dynamic one",
+    )
 
     # --- adaptive batch policy -----------------------------------------------------------------
     # utilization = share of the device's saturation throughput delivered (docs/batching.md)

@@ -9,6 +9,7 @@ from typing import Any
 from runtime.engine.batching.controller import BatchPolicyConfig
 from runtime.engine.scheduler import SchedulerConfig
 from runtime.errors import ConfigError
+from runtime.memory.host_heap import MMAP_THRESHOLD_MAX
 from runtime.models.fast.build import FastPathOptions
 
 
@@ -48,6 +49,7 @@ class EngineConfig:
     batch_warmup: bool = True  # at load, a short sweep of batch sizes seeds the step-time model
     idle_wait_s: float = 0.05  # how long the loop sleeps when nothing can run (timeouts still fire)
     heap_trim_interval_s: float = 5.0  # malloc_trim between steps at most this often; 0: never
+    heap_mmap_threshold_bytes: int = 0  # fixed glibc mmap threshold (host_heap.py); 0: dynamic
     debug_leak_blocks_per_request: int = 0  # debug: allocator blocks leaked on purpose per request
 
     def __post_init__(self) -> None:
@@ -57,6 +59,12 @@ class EngineConfig:
             raise ConfigError("token budget and queue bound must be positive")
         if self.heap_trim_interval_s < 0:
             raise ConfigError("heap_trim_interval_s must be >= 0", param="heap_trim_interval_s")
+        if not 0 <= self.heap_mmap_threshold_bytes <= MMAP_THRESHOLD_MAX:
+            raise ConfigError(
+                f"heap_mmap_threshold_bytes must be 0 (glibc's dynamic threshold) or at most "
+                f"{MMAP_THRESHOLD_MAX} (glibc's limit), got {self.heap_mmap_threshold_bytes}",
+                param="heap_mmap_threshold_bytes",
+            )
         if self.kv_block_size < 1:
             raise ConfigError("kv_block_size must be >= 1", param="kv_block_size")
         if self.request_timeout_s <= 0:
@@ -96,6 +104,7 @@ class EngineConfig:
             "control_interval_s": settings.control_interval_s,
             "batch_warmup": settings.batch_warmup,
             "heap_trim_interval_s": settings.heap_trim_interval_s,
+            "heap_mmap_threshold_bytes": settings.heap_mmap_threshold_bytes,
             "debug_leak_blocks_per_request": settings.debug_leak_blocks_per_request,
         }
         fields.update(overrides)

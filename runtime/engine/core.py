@@ -40,7 +40,7 @@ from runtime.engine.stats import (
 )
 from runtime.engine.threads import StepThreads, apply_num_threads
 from runtime.errors import EngineInternalError, FastllmError, RequestTimeout
-from runtime.memory.host_heap import HeapTrimmer
+from runtime.memory.host_heap import HeapTrimmer, set_mmap_threshold
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,10 @@ class EngineCore:
         self.num_preemptions = 0
         self.tokens_per_s = 0.0  # moving average of processed tokens / step wall time
         self.trimmer = HeapTrimmer(config.heap_trim_interval_s)
+        # process-wide, as glibc has one threshold: the last engine built with one sets it
+        threshold = config.heap_mmap_threshold_bytes
+        if threshold and not set_mmap_threshold(threshold):
+            log.warning("heap_mmap_threshold_bytes=%d ignored: no glibc mallopt here", threshold)
         self._stop = False
         self._thread: threading.Thread | None = None
         self.num_threads = 0  # intra-op threads the loop thread runs with (set when it starts)

@@ -60,3 +60,10 @@ def test_cli_batch_goal_flag_refuses_an_unknown_goal(capsys: pytest.CaptureFixtu
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "--batch-goal" in err and "Traceback" not in err
+
+
+def test_mmap_threshold_above_glibcs_limit_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FASTLLM_HEAP_MMAP_THRESHOLD_BYTES", str(64 << 20))
+    with pytest.raises(ConfigError, match="FASTLLM_HEAP_MMAP_THRESHOLD_BYTES") as err:
+        load_settings()
+    assert err.value.param == "heap_mmap_threshold_bytes"

@@ -123,3 +123,18 @@ def test_engine_loop_trims_the_heap_when_enabled(demo_model_dir, interval_s: flo
     trims = engine._parts.core.trimmer.num_trims
     engine.shutdown(drain_timeout_s=10)
     assert (trims > 0) == (interval_s > 0)
+
+
+@pytest.mark.timeout(120)
+def test_engine_fixes_the_mmap_threshold_only_when_asked(
+    demo_model_dir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runtime.engine import core
+
+    calls: list[int] = []
+    monkeypatch.setattr(core, "set_mmap_threshold", lambda n: calls.append(n) is None)
+    for threshold in (0, 1 << 20):
+        engine, _ = make_engine(demo_model_dir("llama"), heap_mmap_threshold_bytes=threshold)
+        engine.submit(request("m", [5, 6], greedy(1))).result(timeout=60)  # the core is built
+        engine.shutdown()
+    assert calls == [1 << 20]  # 0 leaves glibc's dynamic threshold alone

@@ -45,3 +45,53 @@ def test_trimmer_runs_at_most_once_per_interval() -> None:
 def test_zero_interval_turns_trimming_off() -> None:
     trimmer = HeapTrimmer(0.0, trim=lambda: pytest.fail("trimmed while off"))
     assert not any(trimmer.maybe_trim(t) for t in (0.0, 100.0, 1e6))
+
+
+# Run in a fresh interpreter: the threshold is process-wide and would outlive the test. Freed
+# 2 MiB chunks sandwiched between live 100 KiB ones: heap chunks stay resident (free() only trims
+# the top), mapped chunks are unmapped at once.
+_SANDWICH = """
+import sys, psutil
+from runtime.memory.host_heap import set_mmap_threshold
+threshold = int(sys.argv[1])
+if threshold:
+    assert set_mmap_threshold(threshold)
+else:  # glibc's default: one freed 4 MiB mapping raises the threshold above 2 MiB chunks
+    del bytearray(b"x" * (4 << 20))[:]
+rss = lambda: psutil.Process().memory_info().rss
+big, pins = [], []
+for _ in range(64):
+    big.append(b"\\x01" * (2 << 20))  # written: every page resident
+    pins.append(b"\\x02" * (100 << 10))
+before = rss()
+del big
+print((before - rss()) >> 20)
+"""
+
+
+def _freed_mib(threshold: int) -> int:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _SANDWICH, str(threshold)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return int(out.stdout.strip())
+
+
+def test_a_fixed_mmap_threshold_gives_big_frees_back_at_once() -> None:
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("the mmap threshold is glibc's")
+    dynamic, fixed = _freed_mib(0), _freed_mib(1 << 20)
+    assert dynamic < 32, f"glibc's default gave {dynamic} MiB back: the sandwich did not pin"
+    assert fixed > 100, f"with the threshold fixed at 1 MiB only {fixed} of 128 MiB went back"
+
+
+def test_mmap_threshold_out_of_range_is_refused() -> None:
+    from runtime.memory.host_heap import MMAP_THRESHOLD_MAX, set_mmap_threshold
+
+    assert not set_mmap_threshold(0)
+    assert not set_mmap_threshold(MMAP_THRESHOLD_MAX + 1)
