@@ -57,7 +57,8 @@ threshold = int(sys.argv[1])
 if threshold:
     assert set_mmap_threshold(threshold)
 else:  # glibc's default: one freed 4 MiB mapping raises the threshold above 2 MiB chunks
-    del bytearray(b"x" * (4 << 20))[:]
+    first = b"x" * (4 << 20)
+    del first
 rss = lambda: psutil.Process().memory_info().rss
 big, pins = [], []
 for _ in range(64):
