@@ -374,6 +374,11 @@ class Engine:
             self._parts.grammars.close()
         if not core.is_running:
             self._parts.kv_cache.close()  # the page pool's memory back to the allocator
+        # the debug leak dies with its engine: the process-wide allocator outlives it (a reload,
+        # the next test), and another engine's self-check would count these blocks as its orphans
+        for block in self._parts.debug_leaked:
+            self._parts.allocator.release(block)
+        self._parts.debug_leaked.clear()
 
 
 if TYPE_CHECKING:  # Engine implements the protocol the layers above are typed with

@@ -23,8 +23,11 @@ from runtime.engine.stats import FanOut
 
 @pytest.fixture
 def engine(demo_model_dir: Callable[[str], Path]) -> Iterator[Engine]:
+    from runtime.memory import Allocator
+
     config = EngineConfig(model_path=demo_model_dir("llama"), model_name="tiny", device="cpu")
-    engine = Engine(config, FanOut())
+    # its own allocator: the process-wide one is shared by the worker's other tests' engines
+    engine = Engine(config, FanOut(), allocator=Allocator(device="cpu"))
     engine.load()
     engine.start()
     yield engine
@@ -137,3 +140,33 @@ def test_engines_sharing_an_allocator_own_each_others_blocks(
     finally:
         for engine in engines:
             engine.shutdown(drain_timeout_s=5)
+
+
+def test_the_debug_leak_dies_with_its_engine(demo_model_dir: Callable[[str], Path]) -> None:
+    """The process-wide allocator outlives an engine (a reload, the next test on this worker):
+    CI once saw 15,296 `debug-leak:` blocks of an earlier test's server as this file's orphans."""
+    from runtime.memory import Allocator
+
+    allocator = Allocator(device="cpu")
+    config = EngineConfig(
+        model_path=demo_model_dir("llama"),
+        model_name="leaky",
+        device="cpu",
+        debug_leak_blocks_per_request=3,
+    )
+    leaky = Engine(config, FanOut(), allocator=allocator)
+    leaky.load()
+    leaky.start()
+    for i in range(2):
+        leaky.submit(GenerationRequest(f"l{i}", [5, 6, 7], SamplingParams(max_tokens=2))).result()
+
+    def num_leaked() -> int:
+        return sum(b.owner.startswith("debug-leak:") for b in allocator.leak_report())
+
+    for _ in range(200):  # the leak runs as a sequence closes, just after its result is out
+        if num_leaked() == 6:
+            break
+        time.sleep(0.05)
+    assert num_leaked() == 6  # held while the engine lives
+    leaky.shutdown(drain_timeout_s=5)
+    assert num_leaked() == 0
