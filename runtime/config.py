@@ -137,7 +137,7 @@ class Settings(BaseSettings):
     heap_mmap_threshold_bytes: int = Field(
         0,
         ge=0,
-        le=32 << 20,
+        le=32 << 20,  # glibc's limit (memory.host_heap.MMAP_THRESHOLD_MAX); config stays leaf
         description="fix glibc's mmap threshold (flatter RSS, slower); 0: glibc's dynamic one",
     )
 
