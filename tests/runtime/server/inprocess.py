@@ -47,13 +47,25 @@ class InProcess:
                 return int(count)
             time.sleep(0.02)
 
-    def barrier_rows(self, path: str = "/v1/completions") -> int:
-        """Rows once one more good request's row is in (so every earlier request's row is too),
-        counting that one."""
-        before = self.rows()
+    def barrier_rows(self, path: str = "/v1/completions", timeout_s: float = 30.0) -> int:
+        """Rows once one more good request's own row is in (the writer keeps order, so every
+        earlier request's row is too), counting that one. Waited for by its id, not by a count:
+        a row of an earlier test's request may land meanwhile (CI once counted it instead)."""
+        assert self.state.writer is not None and self.db is not None
         body = {"model": "llama", "prompt": "barrier", "max_tokens": 1}
-        assert self.client.post(path, json=body, headers=AUTH).status_code == 200
-        return self.rows(before + 1)
+        response = self.client.post(path, json=body, headers=AUTH)
+        assert response.status_code == 200
+        request_id = response.json()["id"]
+        deadline = time.monotonic() + timeout_s
+        while True:
+            assert self.state.writer.flush(timeout_s)
+            with sqlite3.connect(self.db) as conn:
+                query = "SELECT COUNT(*) FROM inference_log WHERE request_id = ?"
+                (mine,) = conn.execute(query, (request_id,)).fetchone()
+            if mine:
+                return self.rows()
+            assert time.monotonic() < deadline, f"the barrier's row {request_id} never came"
+            time.sleep(0.02)
 
     def failures(self, reason: str) -> float:
         return metric_sum(self.state.registry, "fastllm_request_failure_total", reason=reason)
