@@ -27,6 +27,12 @@ RUN if ! command -v python3 >/dev/null 2>&1 || ! python3 -c "import venv, ensure
     fi && \
     python3 -m venv "$VIRTUAL_ENV"
 
+# jemalloc: `fastllm serve` re-executes itself with it preloaded (runtime/memory/host_malloc.py),
+# so the server's RSS follows what it holds instead of glibc's heap high-water mark (docs/soak.md)
+RUN apt-get update && \
+    apt-get install -y --no-install-recommends libjemalloc2 && \
+    rm -rf /var/lib/apt/lists/*
+
 # torch first, from the wheel index of the chosen build (CPU: no multi-GB CUDA wheel pulled in)
 RUN pip install --index-url "$TORCH_INDEX_URL" "$TORCH_SPEC"
 
@@ -53,7 +59,8 @@ ENV FASTLLM_HOST=0.0.0.0 \
     FASTLLM_PORT=8000 \
     FASTLLM_MODEL_PATH=/models/default \
     FASTLLM_DATABASE_URL=sqlite:////var/lib/fastllm/fastllm.db \
-    FASTLLM_LOG_SPOOL_PATH=/var/lib/fastllm/inference_log.spool.jsonl
+    FASTLLM_LOG_SPOOL_PATH=/var/lib/fastllm/inference_log.spool.jsonl \
+    FASTLLM_MALLOC=jemalloc
 
 EXPOSE 8000
 

@@ -140,6 +140,12 @@ class Settings(BaseSettings):
         le=32 << 20,  # glibc's limit (memory.host_heap.MMAP_THRESHOLD_MAX); config stays leaf
         description="fix glibc's mmap threshold (flatter RSS, slower); 0: glibc's dynamic one",
     )
+    malloc: str = Field(
+        "auto",
+        pattern="^(auto|jemalloc|glibc)$",
+        description="the C allocator `serve` runs on: auto (jemalloc when libjemalloc2 is "
+        "installed, preloaded by a re-exec at start), jemalloc (required), glibc",
+    )
 
     # --- adaptive batch policy -----------------------------------------------------------------
     # utilization = share of the device's saturation throughput delivered (docs/batching.md)

@@ -10,7 +10,13 @@ import click
 
 from runtime.cli.params import Bounded
 from runtime.config import load_settings
-from runtime.errors import ModelLoadError
+from runtime.errors import ConfigError, ModelLoadError
+from runtime.memory.host_malloc import (
+    DEFAULT_MALLOC_CONF,
+    INSTALL_HINT,
+    MallocUnavailable,
+    ensure_malloc,
+)
 
 
 @click.command("serve")
@@ -113,6 +119,7 @@ def command(
         num_threads=num_threads,
         batch_goal=batch_goal,
     )
+    allocator = _ensure_malloc(settings.malloc)  # may re-execute this process on jemalloc
     for path in (settings.model_path, settings.canary_model_path, settings.embedding_model_path):
         if path is not None and is_gguf(Path(path)):
             check_gguf(Path(path))  # a bad file: one line and exit 2 before the server starts
@@ -123,6 +130,13 @@ def command(
             )
     preflight(settings)  # a setting that cannot work: one line and exit 2, not a traceback
     configure_logging(log_level)
+    if allocator == "jemalloc":
+        logging.getLogger("fastllm.server").info("malloc: jemalloc (%s)", DEFAULT_MALLOC_CONF)
+    elif settings.malloc == "auto":
+        logging.getLogger("fastllm.server").info(
+            "malloc: glibc (RSS swings with the heap's high-water mark; %s to run on jemalloc)",
+            INSTALL_HINT,
+        )
     app = create_app(settings)
     base = f"http://{settings.host}:{settings.port}"
     click.echo(
@@ -142,6 +156,13 @@ def command(
     )
     if rc:
         sys.exit(rc)
+
+
+def _ensure_malloc(mode: str) -> str:
+    try:
+        return ensure_malloc(mode)
+    except MallocUnavailable as exc:
+        raise ConfigError(str(exc), param="malloc") from exc
 
 
 # Libraries that log routine chatter at INFO: alembic (a line per plugin at every migration run)

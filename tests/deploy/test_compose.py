@@ -165,6 +165,9 @@ def test_dockerfile_env_and_healthcheck() -> None:
     assert re.search(r"^USER (?!root)\w+", text, re.M)
     for source in re.findall(r"^COPY (\S+) ", text, re.M):
         assert (stack.REPO / source).exists(), f"Dockerfile copies missing {source}"
+    # memory flat by default: the image has jemalloc and insists on it (compose inherits it)
+    assert re.search(r"^RUN .*apt-get install .*\blibjemalloc2\b", text, re.M)
+    assert re.search(r"\bFASTLLM_MALLOC=jemalloc\b", text)
 
 
 def test_secrets_come_from_env_without_defaults() -> None:
