@@ -127,6 +127,10 @@ def convert_checkpoint(
     args = read_args(src)
     source = open_checkpoint(src, legacy_support=True)  # weights_only=True for pickles
     check_layers(args.num_layers, source.names())  # what `serve` would refuse, refused here
+    if (src / "tokenizer.json").is_file():  # its vocabulary and chat template, as serve checks
+        from runtime.models.tokenizer import Tokenizer  # lazy: only for directories with one
+
+        Tokenizer.from_dir(src)
     previous = source.metadata
     already_fixed = previous.get(META_GEGLU_FIX) == "1"
     targets = set(geglu_projection_names(args)) if fix_geglu else set()

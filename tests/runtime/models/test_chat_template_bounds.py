@@ -164,3 +164,30 @@ def test_a_template_refusing_the_sample_by_its_own_rule_loads(
     (path / "tokenizer_config.json").write_text(json.dumps(config))
     tokenizer = Tokenizer.from_dir(path)
     assert tokenizer.apply_chat_template(MESSAGES) == "hi"
+
+
+def test_model_dir_template_refused_by_serve_and_convert(
+    small_budget: TemplateSandbox,
+    demo_model_dir: Callable[[str], Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = tmp_path / "llama"
+    shutil.copytree(demo_model_dir("llama"), path)
+    (path / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}")
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the template passed the startup checks: the server would start")
+
+    monkeypatch.setattr(runtime.server, "create_app", never)
+    monkeypatch.setattr(runtime.server, "run_server", never)
+    for argv in (
+        ["serve", "--model", str(path), "--port", "0"],
+        ["convert", "--input", str(path), "--output", str(tmp_path / "out"), "--quiet"],
+    ):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and err.count("\n") == 1, (argv[0], err)
+        assert "TemplateSyntaxError" in err and str(path) in err

@@ -170,3 +170,34 @@ def test_config_json_lies_refused_by_loader_and_convert(
         convert_checkpoint(path, tmp_path / "out")
     assert reason in str(exc.value)
     assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_model_dir_with_an_empty_vocabulary_refused(
+    demo_model_dir: Callable[[str], Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A tokenizer.json with 0 tokens: refused by the loader, `convert` and `serve` (it used to
+    serve, answering every chat with a 400)."""
+    import shutil
+
+    import tokenizers
+
+    path = tmp_path / "llama"
+    shutil.copytree(demo_model_dir("llama"), path)
+    tokenizers.Tokenizer(tokenizers.models.BPE({}, [])).save(str(path / "tokenizer.json"))
+    with pytest.raises(ModelLoadError, match="the vocabulary has 0 tokens"):
+        load_model(path, device="cpu")
+    with pytest.raises(ModelLoadError, match="the vocabulary has 0 tokens"):
+        convert_checkpoint(path, tmp_path / "out")
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the empty vocabulary passed the startup checks")
+
+    monkeypatch.setattr(runtime.server, "create_app", never)
+    monkeypatch.setattr(runtime.server, "run_server", never)
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--model", str(path), "--port", "0"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and "0 tokens" in err
