@@ -7,6 +7,7 @@ Supported `architectures` map to one of three families (`arch`): "llama" (Llama,
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,7 +139,7 @@ def _rope_theta(cfg: dict[str, Any]) -> float:
             f"config.json: rope_type {rope_type!r} is not supported (only default)"
         )
     theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
-    if not isinstance(theta, int | float) or theta <= 0:
+    if not isinstance(theta, int | float) or not math.isfinite(theta) or theta <= 0:
         raise ModelLoadError(f"config.json: invalid rope_theta {theta!r}")
     return float(theta)
 

@@ -32,7 +32,7 @@ _START_TIMEOUT_S = 30.0  # a cold interpreter on a loaded machine; not part of a
 
 @dataclass(frozen=True)
 class TemplateLimits:
-    time_s: float = 2.0  # one render, after which its worker is killed
+    time_s: float = 1.0  # one render (real templates take milliseconds); then it is killed
     max_output_chars: int = 4 << 20  # the rendered prompt (the request body is at most 1 MiB)
     memory_bytes: int = 512 << 20  # each worker's address space beyond its size at start
     num_workers: int = 2  # renders at once; more wait up to `time_s` for a worker

@@ -51,6 +51,10 @@ HOSTILE: dict[str, tuple[Callable[[Path, Path], Path], str]] = {
     "hidden_2_31": (_meta({"llama.embedding_length": 2**31}), "'llama.embedding_length' is"),
     "heads_2_31": (_meta({"llama.attention.head_count": 2**31}), "'llama.attention.head_count'"),
     "ff_2_31": (_meta({"llama.feed_forward_length": 2**31}), "'llama.feed_forward_length'"),
+    "freq_base_inf": (
+        _meta({"llama.rope.freq_base": float("inf")}),
+        "invalid llama.rope.freq_base inf",
+    ),
     "zero_tokens": (empty_token_list, "tokenizer.ggml.tokens has 0 tokens"),
     "no_token_list": (
         _meta({"tokenizer.ggml.tokens": None}),
