@@ -205,3 +205,18 @@ def test_model_dir_with_an_empty_vocabulary_refused(
         main(["serve", "--model", str(path), "--port", "0"])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and err.count("\n") == 1 and "0 tokens" in err
+
+
+def test_block_count_2_31_allocates_nothing_of_its_size(good_gguf: Path, tmp_path: Path) -> None:
+    """The weight table of 2**31 layers was ~20 GB of Python objects before any check."""
+    import tracemalloc
+
+    path = rewrite(good_gguf, tmp_path / "m.gguf", {"llama.block_count": 2**31})
+    tracemalloc.start()
+    try:
+        with pytest.raises(ModelLoadError):
+            load_model(path, device="cpu")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20
