@@ -49,7 +49,10 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
     intercepted_binops = frozenset({"*", "**"})
 
     def __init__(self) -> None:
-        super().__init__(trim_blocks=True, lstrip_blocks=True)
+        # as transformers renders them: loopcontrols for the templates that `{% break %}`
+        super().__init__(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
         self.globals["raise_exception"] = raise_exception
         self.max_chars = 0  # set per request
 

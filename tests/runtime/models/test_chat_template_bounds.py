@@ -66,15 +66,24 @@ def test_hostile_template_is_a_400_and_stops(small_budget: TemplateSandbox, name
     assert ok == "hi!"
 
 
-def test_renders_like_transformers(small_budget: TemplateSandbox) -> None:
-    """A real template (SmolLM2's ChatML) gives what transformers' own renderer gives."""
+CHATML = (  # SmolLM2's template
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+# the loop-control syntax some real templates use (transformers enables it)
+WITH_BREAK = (
+    "{% for m in messages %}{% if m.role == 'system' %}{{ m.content }}|{% break %}{% endif %}"
+    "{% endfor %}{% for m in messages %}{% if m.role == 'system' %}{% continue %}{% endif %}"
+    "[{{ m.role }}]{{ m.content }}{% endfor %}"
+)
+
+
+@pytest.mark.parametrize("template", [CHATML, WITH_BREAK], ids=["chatml", "loopcontrols"])
+def test_renders_like_transformers(small_budget: TemplateSandbox, template: str) -> None:
+    """Real template syntax gives what transformers' own renderer gives."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    template = (
-        "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
-        "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
-        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-    )
     messages = [{"role": "system", "content": "Be terse."}, *MESSAGES]
     ours = render_chat_template(template, messages, bos_token="", eos_token="")
     (expected,), _ = render_jinja_template(
