@@ -128,6 +128,10 @@ def command(
             raise ModelLoadError(
                 f"{path} has no config.json (build the demo with `fastllm make-demo-model {path}`)"
             )
+        if path is not None and (Path(path) / "tokenizer.json").is_file():
+            from runtime.models.tokenizer import Tokenizer
+
+            Tokenizer.from_dir(Path(path))  # its vocabulary and chat template: refused here
     preflight(settings)  # a setting that cannot work: one line and exit 2, not a traceback
     configure_logging(log_level)
     if allocator == "jemalloc":

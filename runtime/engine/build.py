@@ -27,6 +27,7 @@ from runtime.engine.stats import StatsSink
 from runtime.errors import ModelLoadError
 from runtime.memory import Allocator, get_allocator
 from runtime.memory.kv_cache import KVCache
+from runtime.models.base import CausalLM
 from runtime.models.fast.build import FastPath, get_fast_path
 from runtime.models.loader import LoadedModel, load_model
 from runtime.models.tokenizer import Tokenizer
@@ -96,6 +97,8 @@ def build_parts(
         model_version=f"{config.model_name}/{config.model_version}",
         owner=f"kv-cache:{config.model_name}/{config.model_version}",
     )
+    if isinstance(loaded.model, CausalLM):  # rope rows for what the KV pool can hold, no more
+        _limit_context(loaded, kv_cache.max_tokens)
     core = EngineCore(
         config,
         Scheduler(config.scheduler, kv_cache),
@@ -121,6 +124,23 @@ def build_parts(
     if config.debug_leak_blocks_per_request > 0:
         core.on_close = _debug_leaker(parts, config.debug_leak_blocks_per_request)
     return parts
+
+
+def _limit_context(loaded: LoadedModel, kv_tokens: int) -> None:
+    """A context longer than the KV pool is served up to the pool (longer prompts are refused
+    with a 400 by the engine's KV check); the rope table is sized to match, not to the header."""
+    assert isinstance(loaded.model, CausalLM)
+    loaded.model.limit_positions(kv_tokens)
+    context = loaded.args.max_position_embeddings
+    if context > kv_tokens:
+        log.warning(
+            "%s: context length %d is beyond this server's KV pool (%d tokens); sequences are "
+            "limited to %d tokens (raise kv_cache_bytes for more)",
+            loaded.path,
+            context,
+            kv_tokens,
+            kv_tokens,
+        )
 
 
 def _fast_path(config: EngineConfig, loaded: LoadedModel) -> FastPath | None:

@@ -41,6 +41,8 @@ class CausalLM(nn.Module):
         )
         # built on the first forward: the model is made on the meta device and loaded after
         self._rope: RopeTable | None = None
+        # the most positions a sequence can reach (the engines' KV pools); None: the context
+        self._rope_positions: int | None = None
 
     @torch.no_grad()
     def forward(self, input_ids: Tensor, seqs: Sequence[SeqSlice]) -> Tensor:
@@ -61,13 +63,27 @@ class CausalLM(nn.Module):
             x.mul_(torch.tensor(self.args.hidden_size**0.5, dtype=x.dtype))
         return x
 
+    def limit_positions(self, num_positions: int) -> None:
+        """Rope rows for at most `num_positions` (an engine's KV pool: no sequence gets past
+        it) instead of the declared context, which a checkpoint may set far beyond what this
+        server can hold (a 2**24-position table is gigabytes). Engines sharing the model keep
+        the largest of their limits."""
+        self._rope_positions = max(self._rope_positions or 0, num_positions)
+
     def rope_table(self) -> RopeTable:
-        """cos/sin for every position on the weights' device and dtype (built once; engines
-        sharing the model may race to build it: both build the same values)."""
+        """cos/sin for every reachable position on the weights' device and dtype (built once;
+        engines sharing the model may race to build it: both build the same values)."""
         weight = self.embed_tokens.weight
+        context = self.args.max_position_embeddings
+        positions = min(context, self._rope_positions or context)
         table = self._rope
-        if table is None or table.cos.device != weight.device or table.cos.dtype != weight.dtype:
-            table = self._rope = RopeTable(self.args, weight.dtype, weight.device)
+        if (
+            table is None
+            or table.cos.device != weight.device
+            or table.cos.dtype != weight.dtype
+            or table.max_positions < positions
+        ):
+            table = self._rope = RopeTable(self.args, weight.dtype, weight.device, positions)
         return table
 
     @torch.no_grad()

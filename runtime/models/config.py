@@ -7,10 +7,12 @@ Supported `architectures` map to one of three families (`arch`): "llama" (Llama,
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from runtime.errors import ModelLoadError
+from runtime.models.bounds import check_declared, check_token_ids
 
 # HF class name -> family. The order is what error messages list.
 ARCHITECTURES: dict[str, str] = {
@@ -71,6 +73,7 @@ class ModelArgs:
                 f"unsupported architecture {archs[0]!r}; supported: {_supported()}"
             )
         arch = ARCHITECTURES[name]
+        check_declared(cfg)  # before anything is sized from the header
         hidden = _int(cfg, "hidden_size")
         heads = _int(cfg, "num_attention_heads")
         kv_heads = _int(cfg, "num_key_value_heads", default=heads)
@@ -86,9 +89,11 @@ class ModelArgs:
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
         attention_bias = bool(cfg.get("attention_bias", False))
+        vocab_size = _int(cfg, "vocab_size")
+        check_token_ids(cfg, vocab_size)
         return cls(
             arch=arch,
-            vocab_size=_int(cfg, "vocab_size"),
+            vocab_size=vocab_size,
             hidden_size=hidden,
             num_layers=_int(cfg, "num_hidden_layers"),
             num_heads=heads,
@@ -134,7 +139,7 @@ def _rope_theta(cfg: dict[str, Any]) -> float:
             f"config.json: rope_type {rope_type!r} is not supported (only default)"
         )
     theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
-    if not isinstance(theta, int | float) or theta <= 0:
+    if not isinstance(theta, int | float) or not math.isfinite(theta) or theta <= 0:
         raise ModelLoadError(f"config.json: invalid rope_theta {theta!r}")
     return float(theta)
 

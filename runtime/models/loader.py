@@ -22,6 +22,7 @@ from runtime.errors import ConfigError, ModelLoadError
 from runtime.models import quant_checkpoint
 from runtime.models.base import CausalLM
 from runtime.models.bert import BertEncoder
+from runtime.models.bounds import check_layers
 from runtime.models.checkpoint import TensorSource, open_checkpoint
 from runtime.models.config import ModelArgs
 from runtime.models.families import GemmaForCausalLM, LlamaForCausalLM
@@ -227,6 +228,7 @@ def check_tensors(
     args: ModelArgs, source: TensorSource, *, prequantized: bool = False
 ) -> list[WeightEntry]:
     """Names and shapes against the weight table, before any tensor data is read."""
+    check_layers(args.num_layers, source.names())  # the table grows with the declared count
     table = weight_table(args)
     if prequantized:
         replaced = {

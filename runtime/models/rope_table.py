@@ -17,8 +17,14 @@ from runtime.models.config import ModelArgs
 
 
 class RopeTable:
-    def __init__(self, args: ModelArgs, dtype: torch.dtype, device: torch.device) -> None:
-        positions = torch.arange(args.max_position_embeddings, device=device)
+    def __init__(
+        self,
+        args: ModelArgs,
+        dtype: torch.dtype,
+        device: torch.device,
+        max_positions: int | None = None,  # fewer rows than the declared context (CausalLM)
+    ) -> None:
+        positions = torch.arange(max_positions or args.max_position_embeddings, device=device)
         cos, sin = ops.rope_cos_sin(positions, args.rope_theta, args.head_dim, dtype)
         self.cos = cos.contiguous()  # [max_positions, 1, head_dim]
         self.sin = sin.contiguous()  # sign of rotate_half folded in (see ops.rotary)

@@ -16,7 +16,11 @@ from typing import Any
 import tokenizers
 
 from runtime.errors import ModelLoadError
-from runtime.models.chat_template import render_chat_template
+from runtime.models.chat_template import (
+    check_chat_template,
+    render_chat_template,
+    render_chat_template_async,
+)
 
 __all__ = ["IncrementalDecoder", "Tokenizer"]
 
@@ -90,7 +94,21 @@ class Tokenizer:
         )
         template_file = path / "chat_template.jinja"  # newer transformers save it beside the config
         template = template_file.read_text(encoding="utf-8") if template_file.is_file() else None
-        return cls(backend, config, extra_eos_token_ids=extra, chat_template=template)
+        tokenizer = cls(backend, config, extra_eos_token_ids=extra, chat_template=template)
+        if tokenizer.vocab_size == 0:
+            raise ModelLoadError(f"{tok_file}: the vocabulary has 0 tokens")
+        tokenizer.check_chat_template(path)
+        return tokenizer
+
+    def check_chat_template(self, source: str | Path) -> None:
+        """The template rendered once on a sample conversation (a one-line ModelLoadError naming
+        `source` if it cannot render it: at load, not on every request)."""
+        try:
+            check_chat_template(
+                self.chat_template, bos_token=self.bos_token or "", eos_token=self.eos_token or ""
+            )
+        except ModelLoadError as exc:
+            raise ModelLoadError(f"{source}: {exc.message}") from exc
 
     def _id_of(self, token: str | None) -> int | None:
         return None if token is None else self.backend.token_to_id(token)
@@ -121,6 +139,23 @@ class Tokenizer:
         """Render messages with the tokenizer's own template, or the built-in one
         (see runtime.models.chat_template.DEFAULT_CHAT_TEMPLATE)."""
         return render_chat_template(
+            self.chat_template,
+            messages,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,
+        )
+
+    async def apply_chat_template_async(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """`apply_chat_template` off the event loop (for request handlers)."""
+        return await render_chat_template_async(
             self.chat_template,
             messages,
             bos_token=self.bos_token or "",

@@ -34,6 +34,7 @@ from torch import Tensor
 
 from runtime.errors import ConfigError, ModelLoadError
 from runtime.models import quant_checkpoint
+from runtime.models.bounds import check_layers
 from runtime.models.checkpoint import open_checkpoint, safetensors_files
 from runtime.models.config import ModelArgs
 from runtime.models.loader import read_args
@@ -125,6 +126,11 @@ def convert_checkpoint(
         resolved_inside(src, file)
     args = read_args(src)
     source = open_checkpoint(src, legacy_support=True)  # weights_only=True for pickles
+    check_layers(args.num_layers, source.names())  # what `serve` would refuse, refused here
+    if (src / "tokenizer.json").is_file():  # its vocabulary and chat template, as serve checks
+        from runtime.models.tokenizer import Tokenizer  # lazy: only for directories with one
+
+        Tokenizer.from_dir(src)
     previous = source.metadata
     already_fixed = previous.get(META_GEGLU_FIX) == "1"
     targets = set(geglu_projection_names(args)) if fix_geglu else set()

@@ -24,6 +24,7 @@ from runtime.models.gguf_io import (
     GGUFSource,
     gguf_tokenizer,
     hf_config,
+    load_gguf_tokenizer,
     model_args,
     open_gguf,
     tokenizer_config_json,
@@ -55,6 +56,7 @@ def convert_gguf(
     file = open_gguf(src)
     args = model_args(file)
     backend, tok_config = gguf_tokenizer(file)  # a bad vocabulary fails before the slow part
+    load_gguf_tokenizer(file)  # and a chat template that cannot render: what serve refuses
     source = GGUFSource(file, args)
     names = source.names()
     check_tensors(args, source)  # every name and shape, before the slow part

@@ -149,7 +149,8 @@ class GraphDecoder:
         num_tokens = input_ids.shape[0]
         plan = BatchPlan.build(seqs, input_ids, self.group)
         bucket.ids[:num_tokens].copy_(input_ids)
-        self.rope.lookup(plan.positions, out=(bucket.cos, bucket.sin))
+        # the model's current table: a later engine on the same model may have enlarged it
+        self.model.rope_table().lookup(plan.positions, out=(bucket.cos, bucket.sin))
         bucket.graphs[0].replay()
         for i, layer in enumerate(self.layers):
             q, k, v = bucket.qkv[i]

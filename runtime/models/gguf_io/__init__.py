@@ -46,5 +46,5 @@ def check_gguf(path: str | Path) -> GGUFFile:
     file = open_gguf(path)
     args = model_args(file)
     check_tensors(args, GGUFSource(file, args))
-    gguf_tokenizer(file)
+    load_gguf_tokenizer(file)  # the vocabulary, and the chat template on a sample conversation
     return file

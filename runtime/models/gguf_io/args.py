@@ -9,12 +9,16 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.errors import ModelLoadError
+from runtime.models.bounds import check_layers
 from runtime.models.config import ModelArgs
 from runtime.models.gguf_io.reader import GGUFFile
+from runtime.models.gguf_io.source import hf_name
 
 # GGUF general.architecture -> HF class name. Both rope-rotate like HF once llama's q/k rows are
 # un-permuted (names.py); qwen2 files were never permuted.
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+# spare embedding rows beyond the token list that padding explains (see check_vocabulary)
+MAX_PADDING_ROWS = 128
 # `{arch}.<key>` -> config.json key
 _KEYS = {
     "embedding_length": "hidden_size",
@@ -42,10 +46,9 @@ def hf_config(file: GGUFFile) -> dict[str, Any]:
         value = file.get(f"{arch}.{key}")
         if value is not None:
             cfg[hf_key] = value
-    if "vocab_size" not in cfg:  # older files: the vocab is only in the tokenizer list
-        tokens = file.get("tokenizer.ggml.tokens")
-        if isinstance(tokens, list):
-            cfg["vocab_size"] = len(tokens)
+    tokens = file.get("tokenizer.ggml.tokens")
+    if "vocab_size" not in cfg and isinstance(tokens, list):  # older files: only the token list
+        cfg["vocab_size"] = len(tokens)
     # llama.cpp writes no `output.weight` when the head shares the embedding
     cfg["tie_word_embeddings"] = "output.weight" not in file.tensors
     cfg["attention_bias"] = arch == "llama" and "blk.0.attn_output.bias" in file.tensors
@@ -63,12 +66,45 @@ def hf_config(file: GGUFFile) -> dict[str, Any]:
     return cfg
 
 
+def check_vocabulary(file: GGUFFile, num_tokens: int, vocab_size: int) -> None:
+    """The tokenizer's list against the embedding rows it indexes: never more tokens than rows,
+    and no more spare rows than padding explains (converters round the embedding up, to a
+    multiple of 64..1024: Qwen2 holds 151,646 tokens in 152,064 rows, 418 spare of the 2,376
+    allowed by rows / 64)."""
+    where = f"{file.path}: tokenizer.ggml.tokens has {num_tokens} tokens"
+    if num_tokens == 0:
+        raise ModelLoadError(f"{where}; a model needs a vocabulary")
+    if num_tokens > vocab_size:
+        raise ModelLoadError(f"{where}, more than the {vocab_size} rows of the embedding")
+    if vocab_size - num_tokens > max(MAX_PADDING_ROWS, vocab_size // 64):
+        raise ModelLoadError(
+            f"{where} for {vocab_size} embedding rows (more spare rows than padding explains)"
+        )
+
+
 def model_args(file: GGUFFile) -> ModelArgs:
     try:
-        return ModelArgs.from_hf_config(hf_config(file))
+        args = ModelArgs.from_hf_config(hf_config(file))
+        check_layers(args.num_layers, [n for n in map(hf_name, file.tensors) if n is not None])
+        tokens = file.get("tokenizer.ggml.tokens")
+        if isinstance(tokens, list):
+            check_vocabulary(file, len(tokens), args.vocab_size)
+        return args
     except ModelLoadError as exc:
         if str(file.path) in exc.message:
             raise
-        # ModelArgs speaks of config.json; here the values came from the GGUF metadata
+        # ModelArgs speaks of config.json and its keys; here the values came from GGUF metadata
         message = exc.message.replace("config.json", "GGUF metadata")
+        for hf_key, gguf_key in _gguf_keys(file.architecture).items():
+            message = message.replace(f"{hf_key!r}", repr(gguf_key))
+            message = message.replace(f"{hf_key} ", f"{gguf_key} ")
         raise ModelLoadError(f"{file.path}: {message}") from exc
+
+
+def _gguf_keys(arch: str) -> dict[str, str]:
+    """config.json key -> the GGUF key it was read from (for messages)."""
+    keys = {hf: f"{arch}.{key}" for key, hf in _KEYS.items()}
+    for token in ("bos", "eos"):
+        keys[f"{token}_token_id"] = f"tokenizer.ggml.{token}_token_id"
+    keys["pad_token_id"] = "tokenizer.ggml.padding_token_id"
+    return keys

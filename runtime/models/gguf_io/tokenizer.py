@@ -28,13 +28,7 @@ _CONTROL, _USER_DEFINED = 3, 4
 
 def gguf_tokenizer(file: GGUFFile) -> tuple[tokenizers.Tokenizer, dict[str, Any]]:
     """The backend tokenizer and a tokenizer_config.json-shaped dict (special tokens, template)."""
-    kind = file.get("tokenizer.ggml.model")
-    tokens = file.get("tokenizer.ggml.tokens")
-    if kind != "gpt2" or not isinstance(tokens, list):
-        raise ModelLoadError(
-            f"{file.path}: GGUF tokenizer model {kind!r} is not supported (only 'gpt2', "
-            "byte-level BPE)"
-        )
+    tokens = _checked_tokens(file)
     merges = [tuple(m.split(" ", 1)) for m in file.get("tokenizer.ggml.merges") or []]
     if any(len(m) != 2 for m in merges):
         raise ModelLoadError(f"{file.path}: malformed tokenizer.ggml.merges entry")
@@ -48,6 +42,10 @@ def gguf_tokenizer(file: GGUFFile) -> tuple[tokenizers.Tokenizer, dict[str, Any]
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     backend.decoder = decoders.ByteLevel()
     types = file.get("tokenizer.ggml.token_type") or []
+    if not isinstance(types, list) or len(types) > len(tokens):
+        raise ModelLoadError(
+            f"{file.path}: tokenizer.ggml.token_type lists more types than there are tokens"
+        )
     added = [
         AddedToken(tokens[i], special=kind_ == _CONTROL, normalized=False)
         for i, kind_ in enumerate(types)
@@ -57,7 +55,14 @@ def gguf_tokenizer(file: GGUFFile) -> tuple[tokenizers.Tokenizer, dict[str, Any]
 
     def token(key: str) -> str | None:
         index = file.get(f"tokenizer.ggml.{key}_token_id")
-        return tokens[index] if isinstance(index, int) and 0 <= index < len(tokens) else None
+        if index is None:
+            return None
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(tokens):
+            raise ModelLoadError(
+                f"{file.path}: tokenizer.ggml.{key}_token_id {index!r} is not a token id "
+                f"(the vocabulary has {len(tokens)} tokens)"
+            )
+        return str(tokens[index])
 
     bos = token("bos")
     if file.get("tokenizer.ggml.add_bos_token") and bos is not None:
@@ -75,12 +80,30 @@ def gguf_tokenizer(file: GGUFFile) -> tuple[tokenizers.Tokenizer, dict[str, Any]
     return backend, {k: v for k, v in config.items() if v is not None}
 
 
+def _checked_tokens(file: GGUFFile) -> list[str]:
+    """The token list of a supported tokenizer; each refusal says what is wrong, and only that."""
+    kind = file.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        found = "no tokenizer.ggml.model" if kind is None else f"tokenizer model {kind!r}"
+        raise ModelLoadError(f"{file.path}: GGUF {found}; supported: 'gpt2' (byte-level BPE)")
+    tokens = file.get("tokenizer.ggml.tokens")
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise ModelLoadError(f"{file.path}: GGUF tokenizer has no tokenizer.ggml.tokens list")
+    if not tokens:
+        raise ModelLoadError(
+            f"{file.path}: tokenizer.ggml.tokens is empty (0 tokens); a model needs a vocabulary"
+        )
+    return tokens
+
+
 def load_gguf_tokenizer(file: GGUFFile) -> Tokenizer:
     """The runtime's Tokenizer (special tokens, chat template) for a GGUF file."""
     from runtime.models.tokenizer import Tokenizer  # lazy: the tokenizer module is the heavier one
 
     backend, config = gguf_tokenizer(file)
-    return Tokenizer(backend, config)
+    tokenizer = Tokenizer(backend, config)
+    tokenizer.check_chat_template(file.path)  # at load: not a 400 on every request
+    return tokenizer
 
 
 def tokenizer_config_json(config: dict[str, Any]) -> str:
