@@ -6,7 +6,6 @@ tokenizer's vocabulary, where `"." * 3000` compiles for seconds and `"ab"` in mi
 
 from __future__ import annotations
 
-import os
 import time
 from concurrent.futures import wait
 from pathlib import Path
@@ -140,9 +139,10 @@ def test_cache_bytes_are_what_a_grammar_holds_here_and_events_count(info) -> Non
         )
         compiled = cache.get(spec)[0].result(timeout=120)
         text = compiled.grammar.serialize_json()
-        before, copies = heap_bytes(), [
-            xgr.CompiledGrammar.deserialize_json(text, info) for _ in range(20)
-        ]
+        before, copies = (
+            heap_bytes(),
+            [xgr.CompiledGrammar.deserialize_json(text, info) for _ in range(20)],
+        )
         held = ((heap_bytes() or 0) - (before or 0)) / len(copies)
         # measured: within 25% of what a copy holds here; XGrammar's own estimate is far below
         assert 0.75 * held <= compiled.size_bytes <= 1.25 * held
