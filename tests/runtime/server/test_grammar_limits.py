@@ -64,6 +64,17 @@ def events(server: LiveServer) -> dict[str, float]:
     return {event: float(value) for event, value in found}
 
 
+def moved(server: LiveServer, before: dict[str, float], event: str) -> bool:
+    """Whether `event` counted past `before` (the sinks record a request after its response:
+    wait for it a little)."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if events(server).get(event, 0.0) > before.get(event, 0.0):
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def test_a_compile_past_its_budget_is_a_400_and_others_are_served_meanwhile(server) -> None:
     post(server, {"guided_regex": "warm"})  # the workers are up
     with ThreadPoolExecutor(2) as pool:
@@ -80,7 +91,7 @@ def test_a_compile_past_its_budget_is_a_400_and_others_are_served_meanwhile(serv
         attack_done = time.monotonic() - t0
     assert param == "guided_regex" and "grammar_compile_timeout_s" in message
     assert other_done < attack_done  # served while the attack's compile ran
-    assert events(server)["timeout"] >= 1
+    assert moved(server, {}, "timeout")
 
 
 @pytest.mark.parametrize(
@@ -142,8 +153,8 @@ def test_cache_events_count_hits_and_evictions(server) -> None:
     body = schema_format({"type": "object", "properties": {"k": {"type": "boolean"}}})
     assert post(server, body).status_code == 200
     assert post(server, body).status_code == 200
-    after = events(server)
-    assert after["hit"] - before["hit"] >= 1 and after["miss"] - before["miss"] >= 1
+    assert moved(server, before, "hit") and moved(server, before, "miss")
+    before = events(server)
     big = post(server, {"guided_regex": "." * 400})  # alone past the 400 kB bound
     assert big.status_code == 200
-    assert events(server)["evict"] - after["evict"] >= 1
+    assert moved(server, before, "evict")
