@@ -52,6 +52,7 @@ CONTRACT_METRIC_NAMES: tuple[str, ...] = (
     "fastllm_grammar_cache_hits_total",
     "fastllm_grammar_cache_misses_total",
     "fastllm_grammar_incomplete_total",
+    "fastllm_grammar_cache_events_total",
 )
 
 OPTIONAL_METRIC_NAMES: tuple[str, ...] = (

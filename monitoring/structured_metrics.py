@@ -5,6 +5,9 @@ fields of `RequestStats`; runtime.engine.constraints fills them), on the same re
                                                grammar, tools), however they ended
     fastllm_grammar_compile_seconds            compiles a request waited for (cache misses)
     fastllm_grammar_cache_hits_total / _misses_total
+    fastllm_grammar_cache_events_total{event}  hit, miss, evict (entries pushed out of the byte
+                                               bound), timeout (compiles killed over their time or
+                                               memory budget)
     fastllm_grammar_incomplete_total           outputs that ended (stop string, max_tokens) before
                                                their grammar was complete: they may not parse
 """
@@ -27,7 +30,9 @@ STRUCTURED_METRIC_NAMES: tuple[str, ...] = (
     "fastllm_grammar_cache_hits_total",
     "fastllm_grammar_cache_misses_total",
     "fastllm_grammar_incomplete_total",
+    "fastllm_grammar_cache_events_total",
 )
+CACHE_EVENTS: tuple[str, ...] = ("hit", "miss", "evict", "timeout")
 # compiles take ~1 ms (a choice) to seconds (a large schema on a large vocabulary)
 COMPILE_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _MV = ("model", "version")
@@ -40,6 +45,7 @@ class StructuredMetrics:
     cache_hits: Counter
     cache_misses: Counter
     incomplete: Counter
+    cache_events: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> StructuredMetrics:
@@ -77,6 +83,13 @@ class StructuredMetrics:
                 _MV,
                 registry=r,
             ),
+            cache_events=Counter(
+                "fastllm_grammar_cache_events_total",
+                "Compiled-grammar cache events: hit, miss, evict, timeout (a compile killed over "
+                "its time or memory budget).",
+                [*_MV, "event"],
+                registry=r,
+            ),
         )
 
     def init_labels(self, model: str, version: str) -> None:
@@ -84,6 +97,8 @@ class StructuredMetrics:
             metric.labels(model, version)
         for kind in CONSTRAINT_KINDS:
             self.constrained_requests.labels(model, version, kind)
+        for event in CACHE_EVENTS:
+            self.cache_events.labels(model, version, event)
 
 
 class StructuredOutputSink:
@@ -108,8 +123,14 @@ class StructuredOutputSink:
             m.constrained_requests.labels(*labels, r.constraint).inc()
             if r.grammar_cache_hit is True:
                 m.cache_hits.labels(*labels).inc()
+                m.cache_events.labels(*labels, "hit").inc()
             elif r.grammar_cache_hit is False:
                 m.cache_misses.labels(*labels).inc()
+                m.cache_events.labels(*labels, "miss").inc()
+            if r.grammar_cache_evictions:
+                m.cache_events.labels(*labels, "evict").inc(r.grammar_cache_evictions)
+            if r.grammar_compile_timeout:
+                m.cache_events.labels(*labels, "timeout").inc()
             if r.grammar_compile_seconds is not None:
                 m.compile_seconds.labels(*labels).observe(r.grammar_compile_seconds)
             if r.grammar_incomplete:

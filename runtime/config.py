@@ -267,6 +267,25 @@ class Settings(BaseSettings):
     alerts_time_scale: float = Field(1.0, gt=0)
     debug_leak_blocks_per_request: int = Field(0, ge=0, description="debug: leak blocks on purpose")
 
+    # --- structured output: grammar compiles (runtime.engine.constraints.limits) ---------------
+    # a compile runs in a worker process, killed past its time or memory budget (its request gets
+    # a 400); each tenant (API key, or client address without keys) runs at most
+    # grammar_compile_workers_per_tenant compiles at once, so no client holds every worker
+    grammar_compile_timeout_s: float = Field(10.0, gt=0.0, le=3600.0)
+    grammar_compile_max_memory_bytes: int = Field(1 << 30, ge=64 << 20)
+    grammar_compile_workers: int = Field(2, ge=1, le=64)
+    grammar_compile_workers_per_tenant: int = Field(1, ge=1, le=64)
+    grammar_cache_max_bytes: int = Field(
+        64 << 20, ge=0, description="compiled grammars kept, by their measured heap bytes"
+    )
+    # a constraint past these is a 400 naming its field, before any parse or compile
+    grammar_max_regex_chars: int = Field(4096, ge=1)
+    grammar_max_schema_bytes: int = Field(64 << 10, ge=2)
+    grammar_max_schema_properties: int = Field(1024, ge=1)
+    grammar_max_schema_depth: int = Field(32, ge=1, le=1000)
+    grammar_max_rules: int = Field(1024, ge=1)
+    grammar_max_grammar_bytes: int = Field(64 << 10, ge=1)
+
     @field_validator("api_keys", "rollout_peers", mode="before")
     @classmethod
     def _split_keys(cls, value: Any) -> Any:
@@ -289,6 +308,10 @@ class Settings(BaseSettings):
             raise ValueError(f"min_util ({self.min_util}) must be below max_util ({self.max_util})")
         if not self.min_num_seqs <= self.max_num_seqs:
             raise ValueError("min_num_seqs must not exceed max_num_seqs")
+        if self.grammar_compile_workers_per_tenant > self.grammar_compile_workers:
+            raise ValueError(
+                "grammar_compile_workers_per_tenant must not exceed grammar_compile_workers"
+            )
         return self
 
     @property

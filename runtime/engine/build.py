@@ -120,7 +120,8 @@ def build_parts(
         plan = WarmupPlan.for_engine(controller.config.max_batch)
         run_warmup(core, loaded.tokenizer, plan, args.vocab_size)
     if loaded.is_causal_lm:  # XGrammar's view of the vocabulary: once per loaded model
-        parts.grammars = GrammarCache(tokenizer_info(loaded.tokenizer, args.vocab_size))
+        info = tokenizer_info(loaded.tokenizer, args.vocab_size)
+        parts.grammars = GrammarCache(info, limits=config.grammar)
     if config.debug_leak_blocks_per_request > 0:
         core.on_close = _debug_leaker(parts, config.debug_leak_blocks_per_request)
     return parts

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from runtime.engine.batching.controller import BatchPolicyConfig
+from runtime.engine.constraints.limits import GrammarLimits
 from runtime.engine.scheduler import SchedulerConfig
 from runtime.errors import ConfigError
 from runtime.memory.host_heap import MMAP_THRESHOLD_MAX
@@ -51,6 +52,7 @@ class EngineConfig:
     heap_trim_interval_s: float = 5.0  # malloc_trim between steps at most this often; 0: never
     heap_mmap_threshold_bytes: int = 0  # fixed glibc mmap threshold (host_heap.py); 0: dynamic
     debug_leak_blocks_per_request: int = 0  # debug: allocator blocks leaked on purpose per request
+    grammar: GrammarLimits = field(default_factory=GrammarLimits)  # constraints' bounds
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_num_seqs <= self.max_num_seqs:
@@ -106,6 +108,7 @@ class EngineConfig:
             "heap_trim_interval_s": settings.heap_trim_interval_s,
             "heap_mmap_threshold_bytes": settings.heap_mmap_threshold_bytes,
             "debug_leak_blocks_per_request": settings.debug_leak_blocks_per_request,
+            "grammar": GrammarLimits.from_settings(settings),
         }
         fields.update(overrides)
         return cls(**fields)

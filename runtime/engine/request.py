@@ -44,6 +44,9 @@ class GenerationRequest:
     # prefix-cache namespace: only sequences with the same salt share cached pages (the server
     # sets it from the API key's tenant and the body's `cache_salt`; "" = the shared namespace)
     cache_salt: str = ""
+    # who sent it (the API key's tenant, or the client's address without keys): its share of
+    # the grammar compile workers (runtime.engine.constraints.pool); "": cache_salt stands in
+    tenant: str = ""
 
 
 @dataclass

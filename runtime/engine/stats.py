@@ -102,6 +102,8 @@ class RequestStats:
     grammar_cache_hit: bool | None = None  # constrained: its compiled grammar came from the cache
     grammar_compile_seconds: float | None = None  # constrained, cache miss: the compile it waited
     grammar_incomplete: bool = False  # constrained, ended (stop/length) before the grammar did
+    grammar_cache_evictions: int = 0  # cache entries evicted to make room for its grammar
+    grammar_compile_timeout: bool = False  # its compile ran past its budget (worker killed)
     # "stop" | "length" | "cancelled" when it ended normally; None when it failed
     finished_reason: FinishReason | None = None
     # "validation" | "overloaded" | "internal" | "timeout" when it failed; None otherwise

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from runtime.engine.constraints.cache import Compiled
 from runtime.engine.stats import FailureReason
-from runtime.errors import InvalidRequestError
+from runtime.errors import InvalidRequestError, ServiceUnavailable
 
 if TYPE_CHECKING:
     from runtime.engine.core import EngineCore
@@ -44,7 +44,11 @@ def _queue(core: EngineCore, seq: Sequence) -> None:
     assert state is not None
     try:
         state.bind()
-    except Exception as exc:
+    except ServiceUnavailable as exc:  # the server shuts down (its workers are killed)
+        core.seqs[seq.request_id] = seq
+        core.close(seq, error=exc, failure_reason=FailureReason.INTERNAL)
+        return
+    except Exception as exc:  # refused by the engine, or past its compile budget
         core.seqs[seq.request_id] = seq
         error = InvalidRequestError(
             f"{state.spec.param}: the grammar did not compile: {exc}", param=state.spec.param

@@ -29,7 +29,7 @@ def validate(grammars: GrammarCache | None, request: GenerationRequest) -> None:
         raise InvalidRequestError(
             f"ignore_eos cannot be combined with {spec.param}", param="ignore_eos"
         )
-    spec.to_grammar()
+    spec.check(grammars.limits)  # sizes, $ref, regexes, satisfiable; then XGrammar's parse
 
 
 def label(request: GenerationRequest) -> str:
@@ -40,8 +40,9 @@ def new_state(grammars: GrammarCache | None, request: GenerationRequest) -> Cons
     """The request's matcher-to-be; its compile starts now (or is found in the cache)."""
     if request.constraint is None or grammars is None:
         return None
-    future, hit = grammars.get(request.constraint)
-    return ConstraintState(request.constraint, future, hit)
+    spec = request.constraint
+    future, hit = grammars.get(spec, tenant=request.tenant or request.cache_salt)
+    return ConstraintState(spec, future, hit, release=lambda: grammars.release(spec, future))
 
 
 def record_outcome(seq: Sequence) -> None:
@@ -49,7 +50,11 @@ def record_outcome(seq: Sequence) -> None:
     state = seq.constraint
     if state is None:
         return
+    if not state.future.done():  # it ended waiting for its compile: stop it, if it was the last
+        state.release()
     seq.stats.grammar_cache_hit = state.cache_hit
     seq.stats.grammar_compile_seconds = state.compile_seconds
+    seq.stats.grammar_cache_evictions = state.num_evicted
+    seq.stats.grammar_compile_timeout = state.compile_timed_out
     ended = seq.stats.finished_reason in (FinishReason.STOP, FinishReason.LENGTH)
     seq.stats.grammar_incomplete = ended and not state.is_complete

@@ -9,12 +9,13 @@ the client with the field that carried the constraint.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import xgrammar as xgr
 
+from runtime.engine.constraints.limits import GrammarLimits
+from runtime.engine.constraints.rules import check_schema, check_size, engine_message
 from runtime.errors import InvalidRequestError
 
 __all__ = ["CONSTRAINT_KINDS", "ConstraintSpec"]
@@ -27,8 +28,6 @@ CONSTRAINT_KINDS = {
     "choice": "a JSON list of the allowed strings",
     "grammar": "an EBNF grammar (XGrammar's GBNF dialect)",
 }
-# XGrammar prefixes its messages with "[hh:mm:ss] /path/file.cc:123: "; the client needs the rest
-_LOCATION = re.compile(r"^\[[\d:]+\]\s+\S+:\d+:\s*")
 
 
 @dataclass(frozen=True)
@@ -76,6 +75,15 @@ class ConstraintSpec:
             )
         return cls("choice", json.dumps(choices), param)
 
+    def check(self, limits: GrammarLimits | None = None) -> xgr.Grammar:
+        """Every check a constraint passes before its compile (rules.py), then XGrammar's parse:
+        its grammar, or InvalidRequestError naming the field."""
+        limits = limits or GrammarLimits()
+        check_size(self.kind, self.source, self.param, limits)
+        if self.kind == "json":
+            check_schema(json.loads(self.source), self.param, limits)
+        return self.to_grammar()
+
     def to_grammar(self) -> xgr.Grammar:
         """XGrammar's grammar for this spec; InvalidRequestError with XGrammar's message."""
         try:
@@ -91,7 +99,7 @@ class ConstraintSpec:
                 return xgr.Grammar.from_ebnf(f"root ::= {alternatives}")
             return xgr.Grammar.from_ebnf(self.source)
         except (RuntimeError, ValueError, TypeError) as exc:
-            message = _LOCATION.sub("", str(exc).strip()).splitlines()[0]
+            message = engine_message(exc)
             raise InvalidRequestError(
                 f"{self.param}: the grammar engine refused it: {message}", param=self.param
             ) from exc

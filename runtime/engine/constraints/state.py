@@ -9,20 +9,29 @@ has accepted exactly those tokens, stays as it is.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future
 
 import torch
 import xgrammar as xgr
 
 from runtime.engine.constraints.cache import Compiled
+from runtime.engine.constraints.pool import CompileBudgetExceeded
 from runtime.engine.constraints.spec import ConstraintSpec
 
 __all__ = ["ConstraintState"]
 
 
 class ConstraintState:
-    def __init__(self, spec: ConstraintSpec, future: Future[Compiled], cache_hit: bool) -> None:
+    def __init__(
+        self,
+        spec: ConstraintSpec,
+        future: Future[Compiled],
+        cache_hit: bool,
+        release: Callable[[], None] = lambda: None,
+    ) -> None:
         self.spec = spec
+        self.release = release  # the request ended before its compile did (cache.release)
         self.future = future  # done before the sequence is ever scheduled (admit.py)
         self.cache_hit = cache_hit
         self.matcher: xgr.GrammarMatcher | None = None
@@ -47,6 +56,19 @@ class ConstraintState:
         if self.cache_hit or not self.future.done() or self.future.exception() is not None:
             return None
         return self.future.result().compile_seconds
+
+    @property
+    def num_evicted(self) -> int:
+        """Cache entries evicted to make room for the grammar this request compiled."""
+        if self.cache_hit or not self.future.done() or self.future.exception() is not None:
+            return 0
+        return self.future.result().num_evicted
+
+    @property
+    def compile_timed_out(self) -> bool:
+        """Its compile ran past its time or memory budget (its worker was killed)."""
+        done = self.future.done() and not self.future.cancelled()
+        return done and isinstance(self.future.exception(), CompileBudgetExceeded)
 
     @property
     def is_complete(self) -> bool:

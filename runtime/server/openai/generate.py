@@ -107,6 +107,7 @@ def submit(
         user=user,
         constraint=constraint,
         cache_salt=salt,
+        tenant=tenant or f"client:{request.client.host if request.client else ''}",
     )
     if state.tenants is not None:
         state.tenants.expect(request_id, tenant)

@@ -29,11 +29,12 @@ def choice(*words: str) -> ConstraintSpec:
 
 
 def test_lru_evicts_the_least_recently_used_within_the_byte_bound(info) -> None:
-    probe = GrammarCache(info)
-    size = probe.get(choice("a", "b"))[0].result(timeout=30).size_bytes
-    probe.close()
-    cache = GrammarCache(info, max_bytes=2 * size + size // 2)  # room for two such grammars
     first, second, third = choice("a", "b"), choice("c", "d"), choice("e", "f")
+    probe = GrammarCache(info)
+    s1, s2, s3 = (probe.get(c)[0].result(timeout=30).size_bytes for c in (first, second, third))
+    probe.close()
+    cache = GrammarCache(info, max_bytes=max(s1 + s2, s1 + s3))  # room for two such grammars
+    assert s1 + s2 + s3 > cache.max_bytes
     for spec in (first, second):
         cache.get(spec)[0].result(timeout=30)
     assert cache.get(first)[1] is True  # a hit: `first` is now the most recent

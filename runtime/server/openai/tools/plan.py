@@ -8,6 +8,9 @@
   parameters schema>}` (one call).
 - named (`{"type": "function", "function": {"name": ...}}`): the output is constrained to that
   function's parameters schema; the text is the call's `arguments`.
+
+Each tool's `parameters` passes the constraint checks (runtime.engine.constraints.rules, with the
+default bounds, then XGrammar's parse) whatever the mode: one answer for one schema.
 """
 
 from __future__ import annotations
@@ -81,4 +84,11 @@ def _checked(index: int, function: Any) -> dict[str, Any]:
             param="tools",
         )
     parameters = function.parameters if function.parameters is not None else _EMPTY_PARAMETERS
+    try:  # under every tool_choice: a schema `required` would refuse is refused under `auto` too
+        ConstraintSpec.json_schema(parameters, "tools", label="tools").check()
+    except InvalidRequestError as exc:
+        why = str(exc).removeprefix("tools: ")
+        raise InvalidRequestError(
+            f"tools[{index}].function.parameters: {why}", param="tools"
+        ) from None
     return {"name": name, "description": function.description or "", "parameters": parameters}
