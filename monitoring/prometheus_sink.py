@@ -169,8 +169,8 @@ class PrometheusSink:
         for request in finished:
             self._record_request(request)
         for result in verified:
-            # `not <=` also counts NaN as an anomaly
-            if not result.abs_error <= self.anomaly_threshold:
+            # its own tolerance when it carries one; NaN counts as an anomaly
+            if result.is_anomaly(self.anomaly_threshold):
                 labels = self._labels(result.model, result.version)
                 self.metrics.operator_anomalies.labels(*labels, result.op).inc()
 

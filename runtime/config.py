@@ -259,7 +259,9 @@ class Settings(BaseSettings):
 
     # --- alerts ------------------------------------------------------------------------------
     alerts_enabled: bool = True
-    alerts_interval_s: float = Field(15.0, gt=0)
+    # the evaluator's sampling + evaluation period; the status page reads its samples, so its stat
+    # panels lag a request by at most this (15 s read 0 requests for 15 s after they were served)
+    alerts_interval_s: float = Field(5.0, gt=0)
     alerts_rules_path: Path | None = None
     alerts_webhook_url: str | None = None
     alertmanager_url: str | None = None

@@ -2,49 +2,53 @@
 `SELECT COUNT(*) FROM inference_log WHERE ABS(output - expected) > :threshold` (threshold always a
 bound parameter), plus per-op counts and the worst recent rows, filtered by --since and --op.
 
-Default thresholds are absolute errors per serving dtype (the reference path is always fp32):
-fp32 1e-3; fp16 1e-2 (10-bit mantissa); bf16 5e-2 (7-bit mantissa). See docs/verification.md.
+Each verified row records the tolerance it was checked against (`inference_log.tolerance`,
+runtime.verify.tolerance: a logit's grows with its magnitude and its dtype's spacing there), and
+`per_row=True` counts each row against its own (`ABS(output - expected) > COALESCE(tolerance,
+:threshold)`, the threshold for rows written before the column). `models` / `instance` keep the
+audit to one server's rows when several share the database (the default SQLite file).
+
+Default thresholds (the base of every tolerance) are absolute errors per serving dtype (the
+reference path is always fp32): fp32 1e-3; fp16 1e-2 (10-bit mantissa); bf16 5e-2 (7-bit
+mantissa). See docs/verification.md.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Engine, bindparam, case, func, select, text
 
+from runtime.verify.tolerance import (
+    DEFAULT_THRESHOLDS,
+    QUANTIZED_THRESHOLDS,
+    anomaly_threshold,
+    default_threshold,
+)
 from storage.models import Base, InferenceLog, UTCDateTime
 
-if TYPE_CHECKING:
-    from runtime.config import Settings
+__all__ = [
+    "AUDIT_QUERY",
+    "AUDIT_QUERY_PER_ROW",
+    "DEFAULT_THRESHOLDS",
+    "QUANTIZED_THRESHOLDS",
+    "AuditReport",
+    "AuditRow",
+    "OpSummary",
+    "anomaly_threshold",
+    "count_anomalies",
+    "default_threshold",
+    "run_audit",
+]
 
-DEFAULT_THRESHOLDS: dict[str, float] = {"float32": 1e-3, "float16": 1e-2, "bfloat16": 5e-2}
 AUDIT_QUERY = "SELECT COUNT(*) FROM inference_log WHERE ABS(output - expected) > :threshold"
-
-
-# weight-only quantized linears run their kernels on bf16 activations (runtime.models.quant), so
-# their production logits carry bf16-class rounding against the fp32 reference computed with the
-# same dequantized weights; fp8 also rounds the activations to e4m3 (3 mantissa bits)
-QUANTIZED_THRESHOLDS: dict[str, float] = {"int8": 5e-2, "int4": 5e-2, "fp8": 0.5}
-
-
-def default_threshold(dtype: str, quantization: str | None = None) -> float:
-    """Absolute-error threshold for a serving dtype ("float32" | "float16" | "bfloat16") and
-    weight quantization (None/"none", "int8", "int4", "fp8"): the looser of the two."""
-    threshold = DEFAULT_THRESHOLDS[dtype.removeprefix("torch.")]
-    if quantization and quantization != "none":
-        threshold = max(threshold, QUANTIZED_THRESHOLDS[quantization])
-    return threshold
-
-
-def anomaly_threshold(settings: Settings) -> float:
-    """A server's threshold: `verify_threshold` when set, else the default for its dtype and
-    quantization. One source for fastllm_operator_anomalies_total, the status page's audit and
-    the canary rollout's anomaly rate."""
-    if settings.verify_threshold is not None:
-        return settings.verify_threshold
-    return default_threshold(settings.dtype, settings.quantization)
+AUDIT_QUERY_PER_ROW = (
+    "SELECT COUNT(*) FROM inference_log "
+    "WHERE ABS(output - expected) > COALESCE(tolerance, :threshold)"
+)
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,8 @@ class AuditRow:
     expected: float
     abs_error: float
     is_anomaly: bool
+    tolerance: float | None = None  # what the row was checked against when recorded
+    instance: str | None = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,9 @@ class AuditReport:
     num_anomalies: int  # the guide's COUNT(*), with the since/op filters
     per_op: tuple[OpSummary, ...]
     worst: tuple[AuditRow, ...]  # largest ABS(output - expected) first
+    per_row: bool = False  # each row against its recorded tolerance (threshold: where none)
+    models: tuple[str, ...] = ()  # only these models' rows (empty: every model)
+    instance: str | None = None  # only this server's rows (None: every server)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -88,10 +97,18 @@ class AuditReport:
 
 
 def count_anomalies(
-    conn: Connection, threshold: float, *, since: datetime | None = None, op: str | None = None
+    conn: Connection,
+    threshold: float,
+    *,
+    since: datetime | None = None,
+    op: str | None = None,
+    per_row: bool = False,
+    models: Sequence[str] = (),
+    instance: str | None = None,
 ) -> int:
-    """The guide's query, verbatim, with optional `AND ts >= :since` / `AND op = :op`."""
-    sql = AUDIT_QUERY
+    """The guide's query, verbatim (or its per-row form), with optional `AND ts >= :since`,
+    `AND op = :op`, `AND model IN :models`, `AND instance = :instance`."""
+    sql = AUDIT_QUERY_PER_ROW if per_row else AUDIT_QUERY
     params: dict[str, Any] = {"threshold": threshold}
     if since is not None:
         sql += " AND ts >= :since"
@@ -99,10 +116,18 @@ def count_anomalies(
     if op is not None:
         sql += " AND op = :op"
         params["op"] = op
+    if models:
+        sql += " AND model IN :models"
+        params["models"] = list(models)
+    if instance is not None:
+        sql += " AND instance = :instance"
+        params["instance"] = instance
     stmt = text(sql)
     if since is not None:
         # typed bind: goes through UTCDateTime (naive UTC on SQLite, timestamptz on PostgreSQL)
         stmt = stmt.bindparams(bindparam("since", type_=UTCDateTime()))
+    if models:
+        stmt = stmt.bindparams(bindparam("models", expanding=True))
     return int(conn.execute(stmt, params).scalar_one())
 
 
@@ -113,9 +138,13 @@ def run_audit(
     since: datetime | None = None,
     op: str | None = None,
     num_worst: int = 10,
+    per_row: bool = False,
+    models: Sequence[str] = (),
+    instance: str | None = None,
 ) -> AuditReport:
     t = Base.metadata.tables["inference_log"].c
     abs_error = func.abs(t.output - t.expected)
+    bound = func.coalesce(t.tolerance, threshold) if per_row else threshold
     where: list[ColumnElement[bool]] = [
         t.op.is_not(None),
         t.output.is_not(None),
@@ -125,11 +154,15 @@ def run_audit(
         where.append(t.ts >= since)
     if op is not None:
         where.append(t.op == op)
+    if models:
+        where.append(t.model.in_(list(models)))
+    if instance is not None:
+        where.append(t.instance == instance)
     per_op_query = (
         select(
             t.op,
             func.count(),
-            func.coalesce(func.sum(case((abs_error > threshold, 1), else_=0)), 0),
+            func.coalesce(func.sum(case((abs_error > bound, 1), else_=0)), 0),
             func.max(abs_error),
         )
         .where(*where)
@@ -142,8 +175,9 @@ def run_audit(
         .order_by(abs_error.desc(), t.ts.desc())
         .limit(num_worst)
     )
+    scope: dict[str, Any] = {"per_row": per_row, "models": tuple(models), "instance": instance}
     with engine.connect() as conn:
-        num_anomalies = count_anomalies(conn, threshold, since=since, op=op)
+        num_anomalies = count_anomalies(conn, threshold, since=since, op=op, **scope)
         per_op = tuple(
             OpSummary(str(name), int(n), int(bad), None if worst is None else float(worst))
             for name, n, bad, worst in conn.execute(per_op_query)
@@ -160,8 +194,14 @@ def run_audit(
                 output=r.output,
                 expected=r.expected,
                 abs_error=float(r.abs_error),
-                is_anomaly=float(r.abs_error) > threshold,
+                is_anomaly=float(r.abs_error) > _bound(r.tolerance, threshold, per_row),
+                tolerance=r.tolerance,
+                instance=r.instance,
             )
             for r in conn.execute(worst_query)
         )
-    return AuditReport(threshold, since, op, num_anomalies, per_op, worst_rows)
+    return AuditReport(threshold, since, op, num_anomalies, per_op, worst_rows, **scope)
+
+
+def _bound(tolerance: float | None, threshold: float, per_row: bool) -> float:
+    return tolerance if per_row and tolerance is not None else threshold

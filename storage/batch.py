@@ -92,7 +92,12 @@ def execute_plan(conn: Connection, plan: BatchPlan) -> dict[str, Row]:
                 table.c.status != PROBE_STATUS,
                 table.c.op.is_(None),
             )
-            .values(op=bindparam("b_op"), output=bindparam("b_output"), expected=bindparam("b_exp"))
+            .values(
+                op=bindparam("b_op"),
+                output=bindparam("b_output"),
+                expected=bindparam("b_exp"),
+                tolerance=bindparam("b_tolerance"),
+            )
         )
         params = [
             {
@@ -100,6 +105,7 @@ def execute_plan(conn: Connection, plan: BatchPlan) -> dict[str, Row]:
                 "b_op": plan.logits[rid]["op"],
                 "b_output": plan.logits[rid]["output"],
                 "b_exp": plan.logits[rid]["expected"],
+                "b_tolerance": plan.logits[rid].get("tolerance"),
             }
             for rid in sorted(found)
         ]

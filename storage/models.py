@@ -50,6 +50,7 @@ class InferenceLog(Base):
         Index("ix_inference_log_ts", "ts"),
         Index("ix_inference_log_op", "op"),
         Index("ix_inference_log_request_id", "request_id"),
+        Index("ix_inference_log_instance", "instance"),  # migration 0004
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -75,6 +76,11 @@ class InferenceLog(Base):
     op: Mapped[str | None] = mapped_column(String(32))
     output: Mapped[float | None] = mapped_column(Float)
     expected: Mapped[float | None] = mapped_column(Float)
+    # (migration 0004) the bound |output - expected| was checked against when it was recorded
+    # (runtime.verify.tolerance; NULL: not verified, or written before 0004), and the server
+    # that wrote the row (host:port), so one database can hold several servers' rows
+    tolerance: Mapped[float | None] = mapped_column(Float)
+    instance: Mapped[str | None] = mapped_column(String(256))
 
 
 class MetricSample(Base):

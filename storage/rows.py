@@ -17,9 +17,16 @@ from typing import Any
 from runtime.engine.stats import RequestStats, VerificationResult
 
 Row = dict[str, Any]
+# columns a row written before they existed (a spooled row of an older release) lacks
+LATER_COLUMNS = ("tolerance", "instance")
 
 LOGIT_OP = "logit"  # the probe that lives on the request's own row
 PROBE_STATUS = "probe"
+
+
+def server_instance(settings: Any) -> str:
+    """A server's `instance`: host:port, as the embedded alert evaluator labels its samples."""
+    return f"{settings.host}:{settings.port}"
 
 
 def utc(ts: float | None) -> datetime:
@@ -27,7 +34,7 @@ def utc(ts: float | None) -> datetime:
     return datetime.fromtimestamp(time.time() if ts is None else ts, tz=timezone.utc)
 
 
-def request_row(stats: RequestStats) -> Row:
+def request_row(stats: RequestStats, instance: str | None = None) -> Row:
     return {
         "ts": utc(stats.finished_ts),
         "request_id": stats.request_id,
@@ -46,10 +53,12 @@ def request_row(stats: RequestStats) -> Row:
         "op": None,
         "output": None,
         "expected": None,
+        "tolerance": None,
+        "instance": instance,
     }
 
 
-def probe_row(result: VerificationResult) -> Row:
+def probe_row(result: VerificationResult, instance: str | None = None) -> Row:
     return {
         "ts": utc(result.ts),
         "request_id": result.request_id,
@@ -68,6 +77,8 @@ def probe_row(result: VerificationResult) -> Row:
         "op": result.op,
         "output": _storable(result.output, nan_as=math.inf),
         "expected": _storable(result.expected, nan_as=-math.inf),
+        "tolerance": result.tolerance,
+        "instance": instance,
     }
 
 
@@ -84,3 +95,4 @@ def merge_logit(row: Row, logit: Row) -> None:
     row["op"] = logit["op"]
     row["output"] = logit["output"]
     row["expected"] = logit["expected"]
+    row["tolerance"] = logit.get("tolerance")

@@ -31,7 +31,7 @@ from sqlalchemy import Engine, make_url, select
 
 from storage.batch import LOGIT, PROBE, REQUEST, BatchPlan, Item
 from storage.models import Base
-from storage.rows import PROBE_STATUS, Row
+from storage.rows import LATER_COLUMNS, PROBE_STATUS, Row
 
 log = logging.getLogger(__name__)
 _IN_CHUNK = 500
@@ -70,6 +70,8 @@ def _decode(line: str) -> Item:
     doc: dict[str, Any] = json.loads(line)
     row = dict(doc["row"])
     row["ts"] = datetime.fromisoformat(row["ts"])
+    for column in LATER_COLUMNS:  # spilled by a release before the column: one executemany
+        row.setdefault(column, None)  # needs the same keys in every row
     if doc["kind"] not in (REQUEST, PROBE, LOGIT):
         raise ValueError(f"unknown item kind {doc['kind']!r}")
     return Item(doc["kind"], row)

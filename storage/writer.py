@@ -26,7 +26,7 @@ from runtime.engine.stats import RequestStats, StepStats, VerificationResult
 from storage.batch import LOGIT, PROBE, REQUEST, Item
 from storage.db import make_engine
 from storage.drain import Drainer
-from storage.rows import LOGIT_OP, probe_row, request_row
+from storage.rows import LOGIT_OP, probe_row, request_row, server_instance
 from storage.spool import Spool, default_spool_path, weight
 
 if TYPE_CHECKING:
@@ -56,7 +56,9 @@ class InferenceLogWriter:
         orphan_timeout_s: float = 60.0,
         autostart: bool = True,
         spool_path: str | Path | None = None,
+        instance: str | None = None,
     ) -> None:
+        self.instance = instance  # every row's `instance` (host:port of the server writing it)
         self.engine = make_engine(engine) if isinstance(engine, str) else engine
         self.batch_size = batch_size
         self.spool = Spool(spool_path) if spool_path is not None else None
@@ -91,7 +93,7 @@ class InferenceLogWriter:
             batch_size=settings.log_batch_size,
             on_drop=on_drop,
             spool_path=spool,
-            **kwargs,
+            **{"instance": server_instance(settings), **kwargs},
         )
 
     # --- the StatsSink side: never blocks, never raises -----------------------------------------
@@ -103,8 +105,11 @@ class InferenceLogWriter:
     ) -> None:
         try:
             logged = [s for s in finished if s.failure_reason not in UNLOGGED_FAILURES]
-            items = [Item(REQUEST, request_row(s)) for s in logged]
-            items += [Item(LOGIT if v.op == LOGIT_OP else PROBE, probe_row(v)) for v in verified]
+            where = self.instance
+            items = [Item(REQUEST, request_row(s, where)) for s in logged]
+            items += [
+                Item(LOGIT if v.op == LOGIT_OP else PROBE, probe_row(v, where)) for v in verified
+            ]
             num_lost = 0
             for item in items:
                 with self._lock:

@@ -36,8 +36,9 @@ def parse_since(value: str) -> timedelta:
     "--threshold",
     type=Finite(0.0, 1e30),
     default=None,
-    help="absolute error; default: settings.verify_threshold, else per dtype "
-    "(float32 1e-3, float16 1e-2, bfloat16 5e-2)",
+    help="one absolute error for every row (the guide's query); default: each row against the "
+    "tolerance recorded with it, settings.verify_threshold or the dtype's default "
+    "(float32 1e-3, float16 1e-2, bfloat16 5e-2) where none was",
 )
 @click.option(
     "--dtype",
@@ -62,6 +63,24 @@ def parse_since(value: str) -> timedelta:
     show_default=True,
     help="worst rows to show",
 )
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    help="only this model's rows (repeatable); default: the served name of the model the "
+    "settings configure (FASTLLM_MODEL_PATH / FASTLLM_MODEL_NAME or the YAML file), every model "
+    "when none is configured",
+)
+@click.option(
+    "--instance",
+    default=None,
+    help="only rows of this server (host:port); default: every server",
+)
+@click.option(
+    "--all-models",
+    is_flag=True,
+    help="every model's rows (servers sharing the database), not only the configured one",
+)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of tables")
 @click.option("--database-url", default=None, help="default: settings.database_url")
 @click.pass_context
@@ -73,6 +92,9 @@ def command(
     op: str | None,
     max_anomalies: int,
     num_worst: int,
+    models: tuple[str, ...],
+    instance: str | None,
+    all_models: bool,
     as_json: bool,
     database_url: str | None,
 ) -> None:
@@ -83,6 +105,7 @@ def command(
     Example:
       fastllm audit --since 1h
       fastllm audit --op geglu --threshold 0.01 --json
+      fastllm audit --all-models --instance 127.0.0.1:8000
     """
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -90,14 +113,28 @@ def command(
     from storage.db import make_engine
 
     settings = load_settings()
+    per_row = threshold is None  # an explicit --threshold is one bound for every row
     if threshold is None:
         threshold = settings.verify_threshold
     if threshold is None:
         threshold = default_threshold(dtype or settings.dtype, settings.quantization)
+    if all_models:
+        models = ()
+    elif not models and {"model_path", "model_name"} & settings.model_fields_set:
+        models = (settings.served_model_name,)  # the model this configuration serves
     since_ts = datetime.now(timezone.utc) - parse_since(since) if since else None
     engine = make_engine(database_url or settings.database_url)
     try:
-        report = run_audit(engine, threshold, since=since_ts, op=op, num_worst=num_worst)
+        report = run_audit(
+            engine,
+            threshold,
+            since=since_ts,
+            op=op,
+            num_worst=num_worst,
+            per_row=per_row,
+            models=models,
+            instance=instance,
+        )
     except SQLAlchemyError as exc:
         raise StorageError(f"audit failed (run `fastllm db upgrade` first?): {exc}") from exc
     finally:

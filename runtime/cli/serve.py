@@ -120,6 +120,11 @@ def command(
         batch_goal=batch_goal,
     )
     allocator = _ensure_malloc(settings.malloc)  # may re-execute this process on jemalloc
+    if "model_path" not in settings.model_fields_set:  # bare: the packaged real model if any
+        from runtime.cli.bare_model import bare_model_path
+
+        real = bare_model_path(lambda line: click.echo(line, err=True))
+        settings = settings.model_copy(update={"model_path": real})
     for path in (settings.model_path, settings.canary_model_path, settings.embedding_model_path):
         if path is not None and is_gguf(Path(path)):
             check_gguf(Path(path))  # a bad file: one line and exit 2 before the server starts

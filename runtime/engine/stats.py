@@ -158,10 +158,17 @@ class VerificationResult:
     output: float
     expected: float
     ts: float
+    # the bound it was checked against (runtime.verify.tolerance); None: the sink's own threshold
+    tolerance: float | None = None
 
     @property
     def abs_error(self) -> float:
         return abs(self.output - self.expected)
+
+    def is_anomaly(self, threshold: float) -> bool:
+        """Beyond its own tolerance, else beyond `threshold`; NaN counts (`not <=`)."""
+        bound = threshold if self.tolerance is None else self.tolerance
+        return not self.abs_error <= bound
 
 
 class StatsSink(Protocol):

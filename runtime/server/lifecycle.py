@@ -129,6 +129,10 @@ def run_server(
         lifespan="on",
         **server_options(limits or ConnectionLimits(), registry),
     )
+    if access_log:  # after uvicorn.Config, which (re)configures its loggers
+        from runtime.server import access_log as quiet_status
+
+        quiet_status.install()  # the status page's polling stays out of the access log
     server = DrainingServer(config, grace_s=grace_s, unready_s=unready_s)
     server.run()
     return 0 if server.started else 1

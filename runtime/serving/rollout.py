@@ -136,7 +136,7 @@ class RolloutController:
                     window.add(now, stats.failure_reason in ERROR_REASONS)
                     models.add(stats.model)
             for result in verified:
-                is_anomaly = not result.abs_error <= self.policy.anomaly_threshold  # NaN counts
+                is_anomaly = result.is_anomaly(self.policy.anomaly_threshold)  # NaN counts
                 key = (result.model, result.version)
                 self._probes.setdefault(key, _Window()).add(now, is_anomaly)
                 models.add(result.model)

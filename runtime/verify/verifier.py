@@ -33,6 +33,12 @@ from runtime.engine.stats import FinishReason, StatsSink, VerificationResult
 from runtime.engine.threads import apply_num_threads
 from runtime.verify.probes import probe_ops
 from runtime.verify.reference import reference_forward
+from runtime.verify.tolerance import (
+    QUANTIZED_THRESHOLDS,
+    chain_dtype,
+    default_threshold,
+    logit_tolerance,
+)
 
 if TYPE_CHECKING:
     from runtime.config import Settings
@@ -72,10 +78,18 @@ class VerifyJob:
     chosen_logit: float  # its production logit in the final step
 
 
-def verify_jobs(jobs: list[VerifyJob]) -> list[VerificationResult]:
+def verify_jobs(jobs: list[VerifyJob], threshold: float | None = None) -> list[VerificationResult]:
     """Jobs of one model and dtype, verified in one packed reference forward: per job the logit
-    probe, then one probe per op."""
+    probe, then one probe per op, each with the tolerance it is to be checked against.
+    `threshold`: the base (runtime.verify.tolerance); None: the default for the dtype and the
+    model's quantization."""
+    from runtime.models.quantize import is_quantized
+
     model, dtype = jobs[0].model, jobs[0].dtype
+    quantized = is_quantized(model)
+    if threshold is None:
+        threshold = default_threshold(str(dtype), _quantization(model) if quantized else None)
+    logit_dtype = chain_dtype(dtype, is_quantized=quantized)
     assert all(j.model is model and j.dtype == dtype for j in jobs), "one model per call"
     digest = hashlib.blake2b(jobs[0].request_id.encode(), digest_size=4).digest()
     layer = int.from_bytes(digest, "big") % model.args.num_layers  # spread over the layers
@@ -86,12 +100,22 @@ def verify_jobs(jobs: list[VerifyJob]) -> list[VerificationResult]:
     results = []
     for job, expected_logit, probes in zip(jobs, ref.chosen_logits, per_op, strict=True):
         for op, output, expected in [(LOGIT_OP, job.chosen_logit, expected_logit), *probes]:
+            bound = (
+                logit_tolerance(threshold, logit_dtype, expected) if op == LOGIT_OP else threshold
+            )
             results.append(
                 VerificationResult(
-                    job.request_id, job.model_name, job.version, op, output, expected, now
+                    job.request_id, job.model_name, job.version, op, output, expected, now, bound
                 )
             )
     return results
+
+
+def _quantization(model: nn.Module) -> str:
+    """The method of the model's quantized layers whose default threshold is loosest (a GGUF
+    model may hold several; `settings.quantization` says nothing of weights kept packed)."""
+    methods = {getattr(m, "method", None) for m in model.modules()} & set(QUANTIZED_THRESHOLDS)
+    return max(sorted(m for m in methods if m), key=QUANTIZED_THRESHOLDS.__getitem__)
 
 
 class Verifier:
@@ -107,8 +131,12 @@ class Verifier:
         on_drop: Callable[[int], None] | None = None,
         autostart: bool = True,
         num_threads: int | None = None,
+        threshold: float | None = None,
     ) -> None:
         self.sink = sink
+        # the base of every tolerance (runtime.verify.tolerance); None: per model, from its dtype
+        # and its layers' quantization (a GGUF model's packed weights included)
+        self.threshold = threshold
         # applied inside the worker (runtime.engine.threads); None: what the thread inherits
         self.num_threads = num_threads
         self.sample_rate = sample_rate
@@ -138,6 +166,7 @@ class Verifier:
             queue_size=settings.verify_queue_size,
             autostart=autostart,
             num_threads=settings.num_threads,
+            threshold=settings.verify_threshold,
         )
 
     # --- the engine side: cheap, never blocks, never raises -------------------------------------
@@ -220,7 +249,10 @@ class Verifier:
         ok = False
         start, cpu_start = time.perf_counter(), time.thread_time()
         try:
-            results = verify_jobs(jobs)
+            if self.threshold is None:  # the per-model default (see verify_jobs)
+                results = verify_jobs(jobs)
+            else:
+                results = verify_jobs(jobs, self.threshold)
             if self.sink is not None:
                 self.sink.record(verified=results)
             ok = True

@@ -27,6 +27,7 @@ EXPECTED = {
     "FastllmInferenceLogDropping",
     "FastllmInferenceLogBacklog",
     "FastllmRuntimeDown",
+    "FastllmNotServing",  # issue 39: up, requests waiting, nothing generated
 }
 
 

@@ -144,3 +144,38 @@ def test_0003_adds_choices_logprobs_constraint_and_keeps_older_rows(engine: Engi
         )
         new = select(*cols).where(InferenceLog.request_id == "new")
         assert tuple(conn.execute(new).one()) == (4, True, "json")
+
+
+def test_0004_adds_tolerance_and_instance_and_keeps_older_rows(engine: Engine) -> None:
+    """A row written at revision 0003 survives 0004 with tolerance/instance NULL; a new row
+    stores them; downgrade to 0003 drops both columns and the instance index."""
+    config = alembic_config(engine)
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0003")
+    columns = {c["name"] for c in inspect(engine).get_columns("inference_log")}
+    assert not columns & {"tolerance", "instance"}
+    indexes = {i["name"] for i in inspect(engine).get_indexes("inference_log")}
+    assert "ix_inference_log_instance" not in indexes
+    ts = datetime.now(timezone.utc)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO inference_log (ts, request_id, model, version, status)"
+                " VALUES (:ts, 'old', 'm', 'v', 'stop')"
+            ),
+            {"ts": ts.replace(tzinfo=None)},
+        )
+    upgrade(engine)
+    indexes = {i["name"] for i in inspect(engine).get_indexes("inference_log")}
+    assert "ix_inference_log_instance" in indexes
+    cols = (InferenceLog.tolerance, InferenceLog.instance)
+    with engine.begin() as conn:
+        assert tuple(conn.execute(select(*cols)).one()) == (None, None)
+        row = {"ts": ts, "model": "m", "version": "v", "status": "stop"}
+        conn.execute(
+            InferenceLog.__table__.insert(),
+            [{**row, "request_id": "new", "tolerance": 0.55, "instance": "127.0.0.1:8000"}],
+        )
+        new = select(*cols).where(InferenceLog.request_id == "new")
+        assert tuple(conn.execute(new).one()) == (0.55, "127.0.0.1:8000")

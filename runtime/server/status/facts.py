@@ -59,12 +59,17 @@ class AlertsInfo:
 class AuditInfo:
     available: bool
     reason: str | None  # why not, when not
-    threshold: float | None = None
+    threshold: float | None = None  # the base; each verified row is checked against its own
     since: str | None = None  # ISO time: the page's window
     num_anomalies: int = 0
     per_op: list[dict[str, Any]] = field(default_factory=list)
     # the worst rows name requests: only for the admin (None otherwise)
     worst: list[dict[str, Any]] | None = None
+    # whose rows: this server's served models on this instance, unless the page asked for all
+    # (servers sharing one database, e.g. the default SQLite file, write into one table)
+    models: list[str] = field(default_factory=list)  # empty: every model
+    instance: str | None = None  # None: every server
+    per_row: bool = True  # rows against their recorded tolerance (`threshold` where none)
 
 
 def alerts_info(state: ServerState, window_s: float) -> AlertsInfo:
@@ -106,18 +111,32 @@ def alerts_info(state: ServerState, window_s: float) -> AlertsInfo:
     return AlertsInfo(True, evaluator.config.time_scale, rules, changes[-NUM_CHANGES:])
 
 
-def audit_info(state: ServerState, window_s: float, *, is_admin: bool) -> AuditInfo:
-    """Per op over the page's window; blocking (a SQL query): run it off the event loop."""
+def audit_info(
+    state: ServerState, window_s: float, *, is_admin: bool, every_server: bool = False
+) -> AuditInfo:
+    """Per op over the page's window, this server's rows (`every_server`: every row); blocking
+    (a SQL query): run it off the event loop."""
     if state.writer is None:
         return AuditInfo(False, "storage is off (storage_enabled=false): no inference_log")
     from sqlalchemy.exc import SQLAlchemyError
 
     from storage.audit import anomaly_threshold, run_audit
+    from storage.rows import server_instance
 
     threshold = anomaly_threshold(state.settings)
     since = datetime.now(timezone.utc) - timedelta(seconds=window_s)
+    models = () if every_server else tuple(sorted({m for m, _, _ in state.router.engines()}))
+    instance = None if every_server else server_instance(state.settings)
     try:
-        report = run_audit(state.writer.engine, threshold, since=since, num_worst=NUM_WORST)
+        report = run_audit(
+            state.writer.engine,
+            threshold,
+            since=since,
+            num_worst=NUM_WORST,
+            per_row=True,
+            models=models,
+            instance=instance,
+        )
     except SQLAlchemyError as exc:  # not migrated yet, database down: say so, do not fail
         log.warning("status page audit failed: %s", exc)
         return AuditInfo(False, f"the audit query failed: {type(exc).__name__}")
@@ -130,4 +149,6 @@ def audit_info(state: ServerState, window_s: float, *, is_admin: bool) -> AuditI
         num_anomalies=report.num_anomalies,
         per_op=data["per_op"],
         worst=data["worst"] if is_admin else None,
+        models=list(models),
+        instance=instance,
     )

@@ -189,7 +189,15 @@ def summary(request: Request, viewer: Viewer = Depends(status_viewer)) -> JSONRe
         {
             "server": asdict(server_info(state, is_admin=viewer.is_admin)),
             "alerts": asdict(alerts_info(state, window_s)),
-            "audit": asdict(audit_info(state, window_s, is_admin=viewer.is_admin)),
+            "audit": asdict(
+                # ?audit=all: every server's rows in the database, not only this one's
+                audit_info(
+                    state,
+                    window_s,
+                    is_admin=viewer.is_admin,
+                    every_server=request.query_params.get("audit") == "all",
+                )
+            ),
             "is_admin": viewer.is_admin,
         }
     )

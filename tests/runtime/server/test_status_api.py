@@ -138,6 +138,9 @@ def test_summary_says_what_is_served_and_what_alerts_say(server: LiveServer) -> 
         "num_anomalies": 0,
         "per_op": [],
         "worst": None,
+        "models": [],
+        "instance": None,
+        "per_row": True,
     }
 
 

@@ -107,7 +107,10 @@ function renderAudit(box, audit, isAdmin) {
     make("p", "muted", box, audit.reason);
     return;
   }
-  make("p", "muted", box, `|output − expected| > ${audit.threshold} since ${audit.since.slice(11, 19)} UTC: ${audit.num_anomalies} anomalies`);
+  const scope = audit.models.length ? `${audit.models.join(", ")} on ${audit.instance}` : "every server";
+  make("p", "muted", box, `${scope}: |output − expected| > each row's tolerance (base ${audit.threshold}) since ${audit.since.slice(11, 19)} UTC: ${audit.num_anomalies} anomalies`);
+  const toggle = make("a", "muted", box, audit.models.length ? "show every server's rows" : "show this server's rows");
+  toggle.href = audit.models.length ? "?audit=all" : "?";
   const body = table(box, ["op", "verified", "anomalies", "max |error|"]);
   for (const op of audit.per_op) {
     const worst = op.max_abs_error === null ? "" : formatValue(op.max_abs_error, "short");

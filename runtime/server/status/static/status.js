@@ -108,7 +108,8 @@ function controlBand(server) {
 // Two loops, each rescheduling itself when done: the facts (alert states, audit) stay fresh
 // even while a slow machine takes longer to redraw every panel.
 async function refreshFacts() {
-  const summary = await getJSON("/status/api/summary");
+  const auditAll = new URLSearchParams(location.search).get("audit") === "all";
+  const summary = await getJSON(`/status/api/summary${auditAll ? "?audit=all" : ""}`);
   page.offset = summary.server.now - Date.now() / 1000;
   page.band = controlBand(summary.server);
   page.ruleStates = Object.fromEntries(summary.alerts.rules.map((r) => [r.name, r.state]));

@@ -1,0 +1,84 @@
+"""The real model quantized as an operator would serve it (`--quantization int4
+--quantize-lm-head`): SmolLM2-135M's logits run near 30, where bf16 values lie 0.125 apart, and
+its healthy kernels used to record every `logit` probe as an anomaly against the flat 5e-2
+(issue 39). Each logit is now checked against the tolerance it carries (runtime.verify.tolerance),
+so a healthy model gives none while a corrupted kernel still shows on nearly every request."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime.engine.engine import Engine, EngineConfig
+from runtime.memory import Allocator
+from runtime.models.loader import load_model
+from runtime.models.quant import Int4Linear
+from runtime.verify.tolerance import default_threshold, logit_tolerance
+from runtime.verify.verifier import Verifier
+from tests.runtime.engine.support import RecordingSink
+from tests.runtime.verify.support import _corrupt, random_prompts, serve
+
+NUM_REQUESTS = 24
+BASE = default_threshold("float32", "int4")
+
+
+@pytest.fixture(autouse=True)
+def _two_torch_threads() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def _run(model_dir: Path, num_prompts: int) -> RecordingSink:
+    recorder = RecordingSink()
+    verifier = Verifier(recorder, sample_rate=1.0, queue_size=4096)
+    engine = Engine(
+        EngineConfig(
+            model_name="smollm2", device="cpu", max_num_seqs=32, initial_num_seqs=32,
+            quantization="int4",
+        ),
+        recorder,
+        loader=lambda: load_model(
+            model_dir, device="cpu", quantization="int4", quantize_lm_head=True
+        ),
+        allocator=Allocator(device="cpu"),
+        verifier=verifier,
+    )  # fmt: skip
+    prompts = random_prompts(num_prompts, 40_000, max_len=24, seed=5)
+    try:
+        for start in range(0, num_prompts, 8):  # a few at a time: each waits at most 120 s
+            serve(engine, prompts[start : start + 8], max_tokens=3, prefix=f"r{start}")
+        assert verifier.flush(timeout=300)
+    finally:
+        engine.shutdown(drain_timeout_s=5.0)
+        verifier.close(timeout=60.0)
+    assert verifier.num_failed == 0
+    return recorder
+
+
+def test_a_healthy_int4_smollm2_with_an_int8_head_has_no_anomaly(smollm2_dir: Path) -> None:
+    logits = _run(smollm2_dir, NUM_REQUESTS).by_op()["logit"]
+    assert len(logits) == NUM_REQUESTS
+    # the case of the issue: logits large enough that bf16's spacing exceeds the flat threshold
+    assert max(abs(r.expected) for r in logits) > 16.0
+    for r in logits:
+        assert r.tolerance == logit_tolerance(BASE, "bfloat16", r.expected)
+    assert [r for r in logits if r.is_anomaly(BASE)] == []
+
+
+def test_a_corrupted_int4_kernel_of_smollm2_is_caught(
+    smollm2_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    intact = Int4Linear.forward
+
+    def broken(self: Int4Linear, x: torch.Tensor) -> torch.Tensor:
+        return _corrupt(intact(self, x), 0.05)
+
+    monkeypatch.setattr(Int4Linear, "forward", broken)
+    logits = _run(smollm2_dir, 8).by_op()["logit"]
+    assert len(logits) == 8
+    assert sum(r.is_anomaly(BASE) for r in logits) >= 6  # nearly every request shows it
