@@ -51,6 +51,9 @@ class EngineConfig:
     heap_trim_interval_s: float = 5.0  # malloc_trim between steps at most this often; 0: never
     heap_mmap_threshold_bytes: int = 0  # fixed glibc mmap threshold (host_heap.py); 0: dynamic
     debug_leak_blocks_per_request: int = 0  # debug: allocator blocks leaked on purpose per request
+    # root of the compiled step's on-disk caches, a directory per model under it; None:
+    # $XDG_CACHE_HOME/fastllm/compile (runtime.models.fast.compile_cache)
+    compile_cache_dir: Path | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_num_seqs <= self.max_num_seqs:
@@ -106,6 +109,7 @@ class EngineConfig:
             "heap_trim_interval_s": settings.heap_trim_interval_s,
             "heap_mmap_threshold_bytes": settings.heap_mmap_threshold_bytes,
             "debug_leak_blocks_per_request": settings.debug_leak_blocks_per_request,
+            "compile_cache_dir": settings.compile_cache_dir,
         }
         fields.update(overrides)
         return cls(**fields)
@@ -121,6 +125,7 @@ class EngineConfig:
             compile=self.compile,
             cuda_graphs=self.cuda_graphs,
             max_batch=self.effective_max_num_seqs,
+            cache_dir=self.compile_cache_dir,
         )
 
     @property
