@@ -2,6 +2,7 @@
 
     python -m bench.compiled_step [--quick] [--size tiny|small] [--formats fp32,int4]
                                   [--batches 1,8] [--threads 1,2] [--model DIR|GGUF]
+    OMP_WAIT_POLICY=PASSIVE python -m bench.compiled_step --quick --keep-cache --no-restart
 
 For each weight format (fp32, bf16, int8, int4, int4+head: int4 with the int8 LM head): the
 model loads once; its decode step is compiled into a fresh cache directory (the first load's
@@ -137,6 +138,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--no-restart", action="store_true", help="skip the warm-cache child")
+    parser.add_argument(
+        "--keep-cache", action="store_true", help="compile on what an earlier run left (A/B runs)"
+    )
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     add_model_argument(parser)
@@ -155,7 +159,8 @@ def main(argv: list[str] | None = None) -> None:
     report: dict[str, dict] = {}
     for fmt in args.formats.split(","):
         cache = args.cache_dir / "compiled-step" / fmt
-        shutil.rmtree(cache, ignore_errors=True)  # the first load compiles from nothing
+        if not args.keep_cache:
+            shutil.rmtree(cache, ignore_errors=True)  # the first load compiles from nothing
         torch.set_num_threads(1)
         loaded, load_s = _load(path, fmt)
         fast, compile_s = _compile(loaded, cache)
