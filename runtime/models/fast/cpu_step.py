@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -84,7 +85,9 @@ class CompiledStep:
     def __init__(self, model: CausalLM) -> None:
         self.model = model
         self.group = model.args.num_heads // model.args.num_kv_heads
-        self.compiled = torch.compile(decode_step, dynamic=True, options=INDUCTOR_OPTIONS)
+        self.compiled = torch.compile(
+            _own_copy(decode_step), dynamic=True, options=INDUCTOR_OPTIONS
+        )
         self.fallback_reason: str | None = None  # set once the step has fallen back to eager
         self.num_fallbacks = 0  # 0 or 1: a fallback is for good
         self.num_compiled_steps = 0
@@ -97,11 +100,16 @@ class CompiledStep:
         """Like `CausalLM.forward`: hidden [T, H]."""
         if self.fallback_reason is not None:
             return self.model(input_ids, seqs)
-        plan = BatchPlan.build(seqs, input_ids, self.group)  # bad input raises here, as eager
-        cos, sin = self.model.rope_table().lookup(plan.positions)
+        # dynamo guards on the grad mode and on whether its inputs are inference tensors: both
+        # the same at every call, whatever the caller's mode (else a graph per mode)
+        with torch.inference_mode():
+            if not input_ids.is_inference():
+                input_ids = input_ids.clone()
+            plan = BatchPlan.build(seqs, input_ids, self.group)  # bad input raises here, as eager
+            cos, sin = self.model.rope_table().lookup(plan.positions)
         _in_flight.plan = plan
         try:
-            with torch.inference_mode():  # what dynamo guards on: the same mode at every call
+            with torch.inference_mode():
                 hidden = self.compiled(self.model, input_ids, cos, sin)
         except torch.OutOfMemoryError:
             raise  # the engine's own recovery (preemption), not the compiler's fault
@@ -137,6 +145,16 @@ class CompiledStep:
                     shape,
                     time.perf_counter() - started,
                 )
+
+
+def _own_copy(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """`fn` on a code object of its own: dynamo keeps its graphs (and counts recompiles against
+    its limit of 8) per code object, so each compiled step (a model, a weight format: several
+    per process with a canary or in a bench) gets its own cache instead of sharing one."""
+    code = fn.__code__.replace()  # a new code object, the same code
+    copy = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    return copy
 
 
 def scratch_step(model: CausalLM, num_seqs: int) -> tuple[Tensor, list[SeqSlice]]:

@@ -62,7 +62,9 @@ def compile_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def check_against_eager(model: CausalLM, step: CompiledStep, batches: list, atol: float) -> None:
-    with torch.inference_mode():
+    """After the warm-up nothing compiles again (a recompile would raise, and the step fall
+    back): the graphs built at load serve every decode step."""
+    with torch.inference_mode(), torch._dynamo.config.patch(error_on_recompile=True):
         for prompts in batches:
             before = step.num_compiled_steps
             got_tokens, got_logits = decode(model, step, prompts)
