@@ -53,6 +53,8 @@ CONTRACT_METRIC_NAMES: tuple[str, ...] = (
     "fastllm_grammar_cache_misses_total",
     "fastllm_grammar_incomplete_total",
     "fastllm_grammar_cache_events_total",
+    # the compiled decode step (runtime.models.fast): 1 once it fell back to the eager forward
+    "fastllm_compile_fallbacks",
 )
 
 OPTIONAL_METRIC_NAMES: tuple[str, ...] = (
@@ -110,6 +112,7 @@ class FastllmMetrics:
     prefix_cache_hits: Counter
     num_preemptions: Counter
     build_info: Gauge
+    compile_fallbacks: Gauge
 
     @classmethod
     def create(
@@ -280,6 +283,14 @@ class FastllmMetrics:
                 ["version", "model", "dtype", "device", "legacy"],
                 registry=r,
             ),
+            compile_fallbacks=Gauge(
+                "fastllm_compile_fallbacks",
+                "1 when the model's compiled decode step failed (at load or on a step) and the "
+                "engine decodes on the eager forward instead; 0 while it runs compiled or when "
+                "nothing is compiled (compile off).",
+                ["model", "version"],
+                registry=r,
+            ),
         )
 
     def init_labels(self, model: str, version: str) -> None:
@@ -299,6 +310,7 @@ class FastllmMetrics:
             self.prefix_cache_queries,
             self.prefix_cache_hits,
             self.num_preemptions,
+            self.compile_fallbacks,
         ):
             metric.labels(model, version)
         for state in KV_PAGE_STATES:

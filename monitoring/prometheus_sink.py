@@ -186,6 +186,7 @@ class PrometheusSink:
         m.batch_size_limit.labels(*labels).set(step.batch_size_limit)
         m.num_requests_running.labels(*labels).set(step.num_running)
         m.num_requests_waiting.labels(*labels).set(step.num_waiting)
+        m.compile_fallbacks.labels(*labels).set(step.compile_fallbacks)
         self.busy.add(step)
         if self._steals_source is not None:
             self.sync_steals(self._steals_source())

@@ -268,6 +268,12 @@ class Settings(BaseSettings):
     # multiply every rule's `for:` and range windows by this (tests/demos shorten them)
     alerts_time_scale: float = Field(1.0, gt=0)
     debug_leak_blocks_per_request: int = Field(0, ge=0, description="debug: leak blocks on purpose")
+    # --- compiled step (runtime.models.fast) ---------------------------------------------------
+    compile_cache_dir: Path | None = Field(
+        None,
+        description="root of the compiled decode step's inductor caches (a directory per model; "
+        "default $XDG_CACHE_HOME/fastllm/compile): a restart reuses what the first load compiled",
+    )
 
     # --- structured output: grammar compiles (runtime.engine.constraints.limits) ---------------
     # a compile runs in a worker process, killed past its time or memory budget (its request gets

@@ -149,6 +149,12 @@ def _fast_path(config: EngineConfig, loaded: LoadedModel) -> FastPath | None:
     fast = get_fast_path(loaded, config.fast_path)
     if fast is None:
         log.info("decode step: the model's forward, uncompiled (compile=%s)", config.compile)
+    elif fast.fallback_reason is not None:  # cpu_step logged the failure itself
+        log.info(
+            "decode step: the model's forward, uncompiled (compile=%s fell back after %.2f s)",
+            config.compile,
+            fast.startup_s,
+        )
     else:
         buckets = f", batch buckets {list(fast.buckets)}" if fast.buckets else ""
         log.info(

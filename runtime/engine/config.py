@@ -53,6 +53,9 @@ class EngineConfig:
     heap_mmap_threshold_bytes: int = 0  # fixed glibc mmap threshold (host_heap.py); 0: dynamic
     debug_leak_blocks_per_request: int = 0  # debug: allocator blocks leaked on purpose per request
     grammar: GrammarLimits = field(default_factory=GrammarLimits)  # constraints' bounds
+    # root of the compiled step's on-disk caches, a directory per model under it; None:
+    # $XDG_CACHE_HOME/fastllm/compile (runtime.models.fast.compile_cache)
+    compile_cache_dir: Path | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_num_seqs <= self.max_num_seqs:
@@ -109,6 +112,7 @@ class EngineConfig:
             "heap_mmap_threshold_bytes": settings.heap_mmap_threshold_bytes,
             "debug_leak_blocks_per_request": settings.debug_leak_blocks_per_request,
             "grammar": GrammarLimits.from_settings(settings),
+            "compile_cache_dir": settings.compile_cache_dir,
         }
         fields.update(overrides)
         return cls(**fields)
@@ -124,6 +128,7 @@ class EngineConfig:
             compile=self.compile,
             cuda_graphs=self.cuda_graphs,
             max_batch=self.effective_max_num_seqs,
+            cache_dir=self.compile_cache_dir,
         )
 
     @property

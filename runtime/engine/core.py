@@ -83,6 +83,9 @@ class EngineCore:
         self._thread: threading.Thread | None = None
         self.num_threads = 0  # intra-op threads the loop thread runs with (set when it starts)
         self.step_threads: StepThreads | None = None  # per step: one thread or all (threads.py)
+        # the same for decode steps on a compiled CPU step (runtime.models.fast.cpu_step): a few
+        # fused kernels a layer, not ~20 small ops, so one thread against all is another trade-off
+        self.compiled_step_threads: StepThreads | None = None
 
     # --- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -228,21 +231,41 @@ class EngineCore:
         self._step(batch)
         return True
 
-    def _step_threads(self) -> StepThreads:
+    def _step_threads(self, compiled: bool = False) -> StepThreads:
         """The per-step thread policy for the calling thread's count (another if it differs: the
-        warm-up may run on another thread than the loop), kept with the model's weights."""
+        warm-up may run on another thread than the loop), kept with the model's weights; decode
+        steps on a compiled step (`compiled`) are measured apart from the eager forward's."""
         most = torch.get_num_threads()
-        if self.step_threads is None or self.step_threads.max_threads != most:
+        policy = self.compiled_step_threads if compiled else self.step_threads
+        if policy is None or policy.max_threads != most:
             kept = self.runner.loaded.step_threads
-            if most not in kept:
+            key: int | tuple[int, str] = (most, "compiled") if compiled else most
+            if key not in kept:
                 on_cpu = torch.device(self.runner.device).type == "cpu"
-                kept[most] = StepThreads(most, enabled=on_cpu)
-            self.step_threads = kept[most]
-        return self.step_threads
+                kept[key] = StepThreads(most, enabled=on_cpu)
+            policy = kept[key]
+            if compiled:
+                self.compiled_step_threads = policy
+            else:
+                self.step_threads = policy
+        return policy
+
+    def _runs_compiled(self, batch: SchedulerOutput) -> bool:
+        """Does this step run on a compiled CPU step (decodes only, not fallen back)?"""
+        fast = getattr(self.runner, "fast_path", None)
+        return (
+            batch.num_prefill_tokens == 0
+            and fast is not None
+            and fast.plan.whole_step
+            and not fast.num_compile_fallbacks
+        )
 
     def _step(self, batch: SchedulerOutput) -> None:
         num_tokens = batch.num_prefill_tokens + batch.num_decode_tokens
-        step_threads = self.step_threads or self._step_threads()
+        if self._runs_compiled(batch):
+            step_threads = self.compiled_step_threads or self._step_threads(compiled=True)
+        else:
+            step_threads = self.step_threads or self._step_threads()
         threads = step_threads.pick(num_tokens)
         started_ts, t0 = time.time(), time.perf_counter()
         error: Exception | None = None
@@ -275,6 +298,9 @@ class EngineCore:
                 model=self.config.model_name,
                 version=self.config.model_version,
             )
+            fast = getattr(self.runner, "fast_path", None)
+            if fast is not None and fast.num_compile_fallbacks:
+                step = replace(step, compile_fallbacks=fast.num_compile_fallbacks)
             records, self.records = self.records, []
         if error is None:  # a failed step's time says nothing about the cost of its work
             self.controller.observe(step)

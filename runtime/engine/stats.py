@@ -76,6 +76,9 @@ class StepStats:
     # have batched more (the batch controller holds while the limit does not bind)
     limit_binds: bool = False
     kv: KVCacheStats | None = None  # the page pool after the step (and cumulative prefix counts)
+    # 1 once the model's compiled decode step fell back to the eager forward (runtime.models.fast:
+    # a compile or kernel failure), for good; 0 while it runs compiled or nothing was compiled
+    compile_fallbacks: int = 0
 
 
 @dataclass

@@ -65,7 +65,8 @@ class LoadedModel:
     fast_paths: dict[tuple[str, str], Any] = field(default_factory=dict, repr=False)
     # per-step thread choices measured on this model, by the most threads (engine.threads), so a
     # new engine on the same weights (offline generate) does not measure them again
-    step_threads: dict[int, Any] = field(default_factory=dict, repr=False)
+    # (decode steps on a compiled CPU step under (most, "compiled"))
+    step_threads: dict[int | tuple[int, str], Any] = field(default_factory=dict, repr=False)
 
     @property
     def is_causal_lm(self) -> bool:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -172,3 +173,13 @@ def test_kv_cache_numbers_map_to_gauges_and_counter_deltas(sink: PrometheusSink)
     assert value(sink, "fastllm_num_preemptions_total", **MV) == last.num_preemptions == 2
     sink.record(step=syn.step(0, ts=2000.0))  # a new engine starts from 0: counts go on
     assert value(sink, "fastllm_prefix_cache_hits_total", **MV) == last.prefix_hit_tokens + 16
+
+
+def test_compile_fallbacks_follow_the_step_stats(sink: PrometheusSink) -> None:
+    """0 from the start (a served model with nothing compiled, or compiled and running), 1 once
+    the engine's steps say the compiled decode step fell back to the eager forward."""
+    assert value(sink, "fastllm_compile_fallbacks", **MV) == 0
+    sink.record(step=syn.step(1, ts=100.0))
+    assert value(sink, "fastllm_compile_fallbacks", **MV) == 0
+    sink.record(step=dataclasses.replace(syn.step(2, ts=101.0), compile_fallbacks=1))
+    assert value(sink, "fastllm_compile_fallbacks", **MV) == 1

@@ -53,6 +53,7 @@ CONTRACT: dict[str, tuple[str, set[str]]] = {
     "fastllm_grammar_cache_misses_total": ("counter", {"model", "version"}),
     "fastllm_grammar_incomplete_total": ("counter", {"model", "version"}),
     "fastllm_grammar_cache_events_total": ("counter", {"model", "version", "event"}),
+    "fastllm_compile_fallbacks": ("gauge", {"model", "version"}),
 }
 
 

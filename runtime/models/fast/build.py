@@ -6,13 +6,16 @@
 There is one forward (`CausalLM.forward`, each `DecoderLayer` the fused sequence, prefill and
 decode alike); this module only decides whether it is compiled and whether its decode call is
 captured, and builds that once per loaded model.
-`compile` (auto | on | off). auto: torch.compile nowhere (measured on CPU, batch-1 `small`
-llama: inductor's per-call overhead outweighs its fusion and each half takes ~25-100 s to
-compile on a loaded 2-core machine; no GPU measurement yet). on: each decoder layer's two
-halves around the attention core (`DecoderLayer.attn_in`, `.attn_out_mlp`) compiled by
-inductor, paid here, at load, on a view of the model that shares its parameters (the loaded
-model itself stays uncompiled: the reference `fastllm doctor` compares with, and what engines
-with compile off run). off: nothing compiled, nothing captured.
+`compile` (auto | on | off). auto: torch.compile nowhere (docs/performance.md: on CPU the
+compiled step is faster but its first load compiles for a minute or more on a loaded 2-core
+machine, and a restart still re-traces; no GPU measurement yet). on, CPU: the whole decode step
+compiled by inductor as one graph (`cpu_step.CompiledStep`, every weight format), its caches
+under the model's cache directory (`compile_cache`), paid here at load; a failure decodes on the
+eager forward instead (`FastPath.num_compile_fallbacks`), never a failed start. on, CUDA: each
+decoder layer's two halves around the attention core (`DecoderLayer.attn_in`, `.attn_out_mlp`)
+compiled by inductor on a view of the model that shares its parameters (the loaded model itself
+stays uncompiled: the reference `fastllm doctor` compares with), then captured. off: nothing
+compiled, nothing captured.
 `cuda_graphs` (auto | on | off): on CUDA, capture the model's decode call per batch-size bucket
 (auto when the device is CUDA and compile is not off; on: a CPU device is a ConfigError).
 
@@ -25,10 +28,12 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import torch
@@ -38,12 +43,15 @@ from runtime.errors import ConfigError
 from runtime.memory.kv_cache import SequenceKV
 from runtime.models.base import CausalLM
 from runtime.models.batch_plan import SeqSlice
+from runtime.models.fast.compile_cache import inductor_cache_dir, model_cache_dir
+from runtime.models.fast.cpu_step import CompiledStep
 from runtime.models.fast.graphs import GraphDecoder
 from runtime.models.layers import DecoderLayer
 
 if TYPE_CHECKING:
     from runtime.models.loader import LoadedModel
 
+log = logging.getLogger(__name__)
 MODES = ("auto", "on", "off")
 _build_lock = threading.Lock()  # engines sharing one loaded model build its fast path once
 
@@ -53,6 +61,7 @@ class FastPathOptions:
     compile: str = "auto"  # see the module doc
     cuda_graphs: str = "auto"
     max_batch: int = 64  # largest captured bucket: the engine's batch bound
+    cache_dir: Path | None = None  # root of the compiled step's caches (None: compile_cache's)
 
     def __post_init__(self) -> None:
         for name in ("compile", "cuda_graphs"):
@@ -68,6 +77,7 @@ class FastPlan:
 
     uses_inductor: bool
     uses_graphs: bool
+    whole_step: bool = False  # CPU: the whole decode step one inductor graph (cpu_step)
 
     @property
     def kind(self) -> str:
@@ -85,12 +95,15 @@ def plan_fast_path(options: FastPathOptions, device: torch.device) -> FastPlan |
         return None
     graphs = device.type == "cuda" and options.cuda_graphs != "off"
     inductor = options.compile == "on"
-    return FastPlan(uses_inductor=inductor, uses_graphs=graphs) if graphs or inductor else None
+    if not (graphs or inductor):
+        return None
+    return FastPlan(uses_inductor=inductor, uses_graphs=graphs, whole_step=device.type == "cpu")
 
 
 @dataclass
 class FastPath:
-    step: CausalLM | GraphDecoder  # the (compiled) model itself, or its captured decode call
+    # the (compiled) model itself, its captured decode call, or its compiled CPU step
+    step: CausalLM | GraphDecoder | CompiledStep
     plan: FastPlan
     options: FastPathOptions
     startup_s: float  # build (+ compile, capture) time, paid at load
@@ -104,6 +117,15 @@ class FastPath:
         """Captured batch sizes; () when uncaptured."""
         return self.step.sizes if isinstance(self.step, GraphDecoder) else ()
 
+    @property
+    def num_compile_fallbacks(self) -> int:
+        """1 once a compiled CPU step fell back to the eager forward (at load or later)."""
+        return self.step.num_fallbacks if isinstance(self.step, CompiledStep) else 0
+
+    @property
+    def fallback_reason(self) -> str | None:
+        return self.step.fallback_reason if isinstance(self.step, CompiledStep) else None
+
     def __call__(self, input_ids: Tensor, seqs: Sequence[SeqSlice]) -> Tensor:
         return self.step(input_ids, seqs)
 
@@ -114,9 +136,9 @@ def get_fast_path(loaded: LoadedModel, options: FastPathOptions) -> FastPath | N
     plan = plan_fast_path(options, loaded.device)
     if plan is None or not isinstance(loaded.model, CausalLM):
         return None
-    if loaded.quantization is not None:
-        # torch's weight-only kernels under inductor or CUDA graph capture are not tested here:
-        # a quantized model runs the one forward as it is
+    if loaded.quantization is not None and not plan.whole_step:
+        # torch's weight-only kernels under CUDA graph capture are not tested here: a quantized
+        # model on CUDA runs the one forward as it is (on CPU: tests/runtime/models/test_cpu_step)
         return None
 
     key = (options.compile, options.cuda_graphs)
@@ -124,9 +146,33 @@ def get_fast_path(loaded: LoadedModel, options: FastPathOptions) -> FastPath | N
         cached: FastPath | None = loaded.fast_paths.get(key)
         if cached is not None and (not cached.buckets or cached.buckets[-1] >= options.max_batch):
             return cached
-        built = build_fast_path(loaded.model, plan, options)
+        if plan.whole_step:
+            built = build_cpu_step(loaded, plan, options)
+        else:
+            built = build_fast_path(loaded.model, plan, options)
         loaded.fast_paths[key] = built
         return built
+
+
+def build_cpu_step(loaded: LoadedModel, plan: FastPlan, options: FastPathOptions) -> FastPath:
+    """The compiled CPU step, its graphs compiled now (under the model's cache directory)."""
+    started = time.perf_counter()
+    model = cast(CausalLM, loaded.model)
+    quant = loaded.quantization
+    fmt = "float" if quant is None else f"{quant.method}/g{quant.group_size}"
+    if quant is not None and quant.head is not None:
+        fmt += "+int8-head"
+    cache = model_cache_dir(options.cache_dir, loaded.path, loaded.dtype, fmt)
+    log.info(
+        "compiling the decode step with inductor (%s %s); caches in %s", loaded.dtype, fmt, cache
+    )
+    step = CompiledStep(model)
+    try:
+        with inductor_cache_dir(cache):
+            step.warm_up()
+    except OSError as exc:  # an unwritable cache directory: eager, not a failed start
+        step.fall_back(exc)
+    return FastPath(step, plan, options, time.perf_counter() - started)
 
 
 def build_fast_path(model: CausalLM, plan: FastPlan, options: FastPathOptions) -> FastPath:

@@ -92,8 +92,10 @@ def test_settings_reach_the_engine_and_bad_values_are_typed(
     assert Settings().compile == "auto" and Settings().cuda_graphs == "auto"
     monkeypatch.setenv("FASTLLM_COMPILE", "off")
     monkeypatch.setenv("FASTLLM_CUDA_GRAPHS", "on")
+    monkeypatch.setenv("FASTLLM_COMPILE_CACHE_DIR", "/var/cache/fastllm-compile")
     config = EngineConfig.from_settings(load_settings())
     assert (config.compile, config.cuda_graphs) == ("off", "on")
+    assert config.fast_path.cache_dir == Path("/var/cache/fastllm-compile")
     monkeypatch.setenv("FASTLLM_COMPILE", "sometimes")
     with pytest.raises(ConfigError, match="FASTLLM_COMPILE"):
         load_settings()
