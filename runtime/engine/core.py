@@ -24,9 +24,8 @@ import torch
 
 from runtime.engine.batching.controller import AdaptiveBatchController, BusyTracker
 from runtime.engine.config import EngineConfig
-from runtime.engine.logprobs import attach_logprobs
-from runtime.engine.model_runner import ModelRunner
-from runtime.engine.request import TokenOutput
+from runtime.engine.model_runner import ModelRunner, StepOutput
+from runtime.engine.request import TokenLogprob, TokenOutput
 from runtime.engine.scheduler import Scheduler, SchedulerOutput
 from runtime.engine.sequence import Sequence
 from runtime.engine.stats import (
@@ -246,12 +245,13 @@ class EngineCore:
         threads = step_threads.pick(num_tokens)
         started_ts, t0 = time.time(), time.perf_counter()
         error: Exception | None = None
+        output: StepOutput | None = None
         try:
-            sampled = self.runner.execute(batch)
+            output = self.runner.execute(batch)
         except Exception as exc:  # a failed step fails its requests, not the engine
             log.warning("engine step of %d sequences failed", len(batch.items), exc_info=True)
             # drop the traceback: its frames hold views of the sequences' KV blocks
-            error, sampled = exc.with_traceback(None), []
+            error = exc.with_traceback(None)
         busy_s = time.perf_counter() - t0
         if error is None:
             step_threads.observe(num_tokens, threads, busy_s)
@@ -260,16 +260,16 @@ class EngineCore:
             self.in_flight = set()
             if isinstance(error, torch.OutOfMemoryError):
                 self._recover_oom(batch, error)
-            elif error is not None:
-                self._fail(batch, error)
+            elif error is not None or output is None:
+                self._fail(batch, error or EngineInternalError("the step produced no output"))
             else:
-                self.update_from_output(batch, sampled)
+                self.update_from_output(batch, output)
             self.num_steps += 1
             self._update_rate(batch, started_ts)
             step = self.scheduler.make_stats(
                 batch,
                 step_id=self.num_steps,
-                num_sampled=sum(1 for token in sampled if token is not None),
+                num_sampled=0 if output is None else output.num_sampled,
                 busy_s=busy_s,
                 started_ts=started_ts,
                 model=self.config.model_name,
@@ -293,10 +293,11 @@ class EngineCore:
         with contextlib.suppress(Exception):  # telemetry must never stop the engine
             self.sink.record(step=step, finished=records)
 
-    def update_from_output(self, batch: SchedulerOutput, sampled: list[int | None]) -> None:
+    def update_from_output(self, batch: SchedulerOutput, output: StepOutput) -> None:
         self.scheduler.update_from_output(batch)  # cursors, published pages, closed ones freed
         batch_size = len(batch.items)
-        for item, token_id in zip(batch.items, sampled, strict=True):
+        logprobs = output.logprobs
+        for i, (item, token_id) in enumerate(zip(batch.items, output.token_ids, strict=True)):
             seq = item.seq
             if seq.is_closed:
                 continue
@@ -304,21 +305,25 @@ class EngineCore:
             if token_id is None:
                 continue  # a prefill chunk that ended mid-prompt
             if seq.pending_forks:  # its prefill ended: the other choices share its KV now
-                self._fork(seq)
-            self._push_token(seq, token_id)
+                self._fork(seq, output.forks or {})
+            self._push_token(seq, token_id, None if logprobs is None else logprobs[i])
 
-    def _fork(self, seq: Sequence) -> None:
-        forks, seq.pending_forks = seq.pending_forks, []
+    def _fork(self, seq: Sequence, forked: dict[int, tuple[int, TokenLogprob | None]]) -> None:
+        assert seq.features is not None and seq.features.choice is not None
+        forks, seq.features.choice.pending_forks = seq.features.choice.pending_forks, []
         for fork in forks:
-            token_id, fork.fork_token = fork.fork_token, None
-            if fork.is_closed or token_id is None:
+            token = forked.get(id(fork))
+            if fork.is_closed or token is None:
                 continue
             # echo + logprobs: the prompt is the same for every choice, so is its logprobs list
-            fork.prompt_logprobs = seq.prompt_logprobs
+            mine = seq.features.logprobs
+            theirs = None if fork.features is None else fork.features.logprobs
+            if mine is not None and theirs is not None:
+                theirs.prompt = mine.prompt
             self.scheduler.fork(seq, fork)
-            self._push_token(fork, token_id)
+            self._push_token(fork, *token)
 
-    def _push_token(self, seq: Sequence, token_id: int) -> None:
+    def _push_token(self, seq: Sequence, token_id: int, logprob: TokenLogprob | None) -> None:
         """A sampled token into the sequence, its stop check and its handle."""
         seq.output_token_ids.append(token_id)
         if len(seq.output_token_ids) == 1:
@@ -334,7 +339,8 @@ class EngineCore:
             cached_tokens=seq.stats.cached_tokens,
             index=seq.index,
         )
-        attach_logprobs(seq, output)
+        if seq.features is not None and seq.features.logprobs is not None:
+            seq.features.logprobs.annotate(output, logprob)
         if reason is None:
             seq.handle.push(output)
         else:

@@ -33,15 +33,15 @@ from runtime.engine.choices import make_choices
 from runtime.engine.config import EngineConfig
 from runtime.engine.constraints import hooks as constraint_hooks
 from runtime.engine.embed import EmbeddingResult, embed_texts
+from runtime.engine.features import features_for
 from runtime.engine.load_once import CallOnce
-from runtime.engine.logits.params import check_token_ids
 from runtime.engine.request import (
     GenerationRequest,
     RequestHandle,
     ValidatedRequest,
     tokenize_prompt,
 )
-from runtime.engine.sampling import make_generator
+from runtime.engine.sampling.checks import check_token_ids
 from runtime.engine.self_check import IdleSelfCheck, SelfCheckResult
 from runtime.engine.sequence import Sequence
 from runtime.engine.stats import (
@@ -104,8 +104,11 @@ class Engine:
         def on_close(seq: Sequence) -> None:  # under the core lock: only queues a job
             if previous is not None:
                 previous(seq)
-            constraint_hooks.record_outcome(seq)
-            if self.verifier is not None and seq.is_verified:
+            if seq.features is None:
+                return  # a plain sequence: no feature to close
+            if seq.features.constraint is not None:
+                constraint_hooks.record_outcome(seq)
+            if self.verifier is not None and seq.features.verify is not None:
                 self.verifier.submit_sequence(seq, loaded.model, loaded.dtype)
 
         parts.core.on_close = on_close
@@ -188,7 +191,8 @@ class Engine:
         if request.timeout_s is not None and not request.timeout_s > 0:
             raise InvalidRequestError("timeout must be positive", param="timeout")
         timeout_s = request.timeout_s or self.config.request_timeout_s
-        constraint_hooks.validate(parts.grammars, request)
+        if request.constraint is not None:
+            constraint_hooks.validate(parts.grammars, request)
         stats = RequestStats(
             request_id=request.request_id,
             model=request.model or self.config.model_name,
@@ -246,23 +250,28 @@ class Engine:
         handle = RequestHandle(request.request_id, self.cancel, num_choices=params.num_seqs)
 
         def choice(index: int, stats: RequestStats) -> Sequence:
-            # each choice its own seed stream: seed + index (choice 0 is the plain request's)
-            seed = None if params.seed is None else params.seed + index
+            verified = (
+                index == 0
+                and self.verifier is not None
+                and self.verifier.should_verify(request.request_id)
+            )
+            constraint = None
+            if request.constraint is not None:  # each choice its own matcher
+                constraint = constraint_hooks.new_state(parts.grammars, request)
             return Sequence(
                 request=request,
                 handle=handle,
                 stats=stats,
                 deadline=validated.deadline,
                 stop_checker=StopChecker(parts.tokenizer, params, validated.prompt_ids),
-                generator=make_generator(seed, parts.loaded.device),
-                is_verified=index == 0
-                and self.verifier is not None
-                and self.verifier.should_verify(request.request_id),
-                constraint=constraint_hooks.new_state(parts.grammars, request),  # its own matcher
+                features=features_for(
+                    params, index, parts.loaded.device, constraint=constraint, verified=verified
+                ),
             )
 
         first = choice(0, validated.stats)
-        make_choices(first, choice)
+        if params.num_seqs > 1:
+            make_choices(first, choice)
         return first
 
     def _retry_after_s(self, parts: EngineParts) -> float:
