@@ -34,6 +34,7 @@ from runtime.engine.config import EngineConfig
 from runtime.engine.constraints import hooks as constraint_hooks
 from runtime.engine.embed import EmbeddingResult, embed_texts
 from runtime.engine.features import features_for
+from runtime.engine.grammar_wait import add_when_compiled
 from runtime.engine.load_once import CallOnce
 from runtime.engine.request import (
     GenerationRequest,
@@ -107,7 +108,7 @@ class Engine:
             if seq.features is None:
                 return  # a plain sequence: no feature to close
             if seq.features.constraint is not None:
-                constraint_hooks.record_outcome(seq)
+                constraint_hooks.record_outcome(seq.features.constraint, seq.stats)
             if self.verifier is not None and seq.features.verify is not None:
                 self.verifier.submit_sequence(seq, loaded.model, loaded.dtype)
 
@@ -230,7 +231,7 @@ class Engine:
                 if seq.constraint is None:
                     core.add(seq)
                 else:  # queued once its grammar is compiled; no step waits for the compile
-                    constraint_hooks.add_when_compiled(core, seq)
+                    add_when_compiled(core, seq)
                 return seq.handle
             retry_after_s = self._retry_after_s(parts)
         seq.stats.failure_reason = FailureReason.OVERLOADED

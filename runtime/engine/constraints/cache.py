@@ -2,10 +2,11 @@
 
 `GrammarCache.get(spec)` returns a `Future[Compiled]` at once: a hit is an already-done future,
 a miss starts the compile on the cache's worker thread (XGrammar compiles in C++; the engine
-loop thread never waits for it, see admit.py). Two requests asking for the same constraint while
-it compiles share one future (the second one counts as a hit). The LRU is bounded by the
-compiled grammars' own size (`CompiledGrammar.memory_size_bytes`); only finished entries are
-evicted. XGrammar's internal cache is off: this one is what the hit/miss counts describe.
+loop thread never waits for it, see runtime.engine.grammar_wait). Two requests asking for the
+same constraint while it compiles share one future (the second one counts as a hit). The LRU
+is bounded by the compiled grammars' own size (`CompiledGrammar.memory_size_bytes`); only
+finished entries are evicted. XGrammar's internal cache is off: this one is what the hit/miss
+counts describe.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ __all__ = ["ConstraintState"]
 class ConstraintState:
     def __init__(self, spec: ConstraintSpec, future: Future[Compiled], cache_hit: bool) -> None:
         self.spec = spec
-        self.future = future  # done before the sequence is ever scheduled (admit.py)
+        self.future = future  # done before the sequence is ever scheduled (grammar_wait.py)
         self.cache_hit = cache_hit
         self.matcher: xgr.GrammarMatcher | None = None
         self.num_accepted = 0  # tokens the matcher has accepted
