@@ -22,10 +22,11 @@ from dataclasses import replace
 
 import torch
 
+from runtime.engine import failures, postprocess
 from runtime.engine.batching.controller import AdaptiveBatchController, BusyTracker
 from runtime.engine.config import EngineConfig
 from runtime.engine.model_runner import ModelRunner, StepOutput
-from runtime.engine.request import TokenLogprob, TokenOutput
+from runtime.engine.request import TokenOutput
 from runtime.engine.scheduler import Scheduler, SchedulerOutput
 from runtime.engine.sequence import Sequence
 from runtime.engine.stats import (
@@ -38,7 +39,7 @@ from runtime.engine.stats import (
     StepStats,
 )
 from runtime.engine.threads import StepThreads, apply_num_threads
-from runtime.errors import EngineInternalError, FastllmError, RequestTimeout
+from runtime.errors import FastllmError, RequestTimeout
 from runtime.memory.host_heap import HeapTrimmer, set_mmap_threshold
 
 log = logging.getLogger(__name__)
@@ -189,7 +190,7 @@ class EngineCore:
                     limit = self.controller.maybe_update(time.monotonic())
                     batch = self.scheduler.schedule(limit)
                 except Exception as exc:  # a fault in the bookkeeping must not end the loop:
-                    self._fail_live(exc)  # a dead loop would leave every request hanging
+                    failures.fail_live(self, exc)  # a dead loop would leave every request hanging
                     self.lock.wait(self.config.idle_wait_s)  # a fault every round: no spin
                     continue
                 if batch.is_empty:
@@ -259,10 +260,10 @@ class EngineCore:
         with self.lock:
             self.in_flight = set()
             if isinstance(error, torch.OutOfMemoryError):
-                self._recover_oom(batch, error)
-            elif error is not None or output is None:
-                self._fail(batch, error or EngineInternalError("the step produced no output"))
-            else:
+                failures.recover_oom(self, batch, error)
+            elif error is not None:
+                failures.fail_batch(self, batch, error)
+            elif output is not None:
                 self.update_from_output(batch, output)
             self.num_steps += 1
             self._update_rate(batch, started_ts)
@@ -294,94 +295,5 @@ class EngineCore:
             self.sink.record(step=step, finished=records)
 
     def update_from_output(self, batch: SchedulerOutput, output: StepOutput) -> None:
-        self.scheduler.update_from_output(batch)  # cursors, published pages, closed ones freed
-        batch_size = len(batch.items)
-        logprobs = output.logprobs
-        for i, (item, token_id) in enumerate(zip(batch.items, output.token_ids, strict=True)):
-            seq = item.seq
-            if seq.is_closed:
-                continue
-            seq.stats.batch_size = max(seq.stats.batch_size, batch_size)
-            if token_id is None:
-                continue  # a prefill chunk that ended mid-prompt
-            if seq.pending_forks:  # its prefill ended: the other choices share its KV now
-                self._fork(seq, output.forks or {})
-            self._push_token(seq, token_id, None if logprobs is None else logprobs[i])
-
-    def _fork(self, seq: Sequence, forked: dict[int, tuple[int, TokenLogprob | None]]) -> None:
-        assert seq.features is not None and seq.features.choice is not None
-        forks, seq.features.choice.pending_forks = seq.features.choice.pending_forks, []
-        for fork in forks:
-            token = forked.get(id(fork))
-            if fork.is_closed or token is None:
-                continue
-            # echo + logprobs: the prompt is the same for every choice, so is its logprobs list
-            mine = seq.features.logprobs
-            theirs = None if fork.features is None else fork.features.logprobs
-            if mine is not None and theirs is not None:
-                theirs.prompt = mine.prompt
-            self.scheduler.fork(seq, fork)
-            self._push_token(fork, *token)
-
-    def _push_token(self, seq: Sequence, token_id: int, logprob: TokenLogprob | None) -> None:
-        """A sampled token into the sequence, its stop check and its handle."""
-        seq.output_token_ids.append(token_id)
-        if len(seq.output_token_ids) == 1:
-            seq.mark(RequestEvent.FIRST_TOKEN)
-        text, reason = seq.stop_checker.push(token_id)
-        output = TokenOutput(
-            request_id=seq.request_id,
-            token_ids=[token_id],
-            text=text,
-            finished_reason=reason,
-            prompt_tokens=seq.num_prompt_tokens,
-            completion_tokens=len(seq.output_token_ids),
-            cached_tokens=seq.stats.cached_tokens,
-            index=seq.index,
-        )
-        if seq.features is not None and seq.features.logprobs is not None:
-            seq.features.logprobs.annotate(output, logprob)
-        if reason is None:
-            seq.handle.push(output)
-        else:
-            self.close(seq, finished_reason=reason, output=output)
-
-    def _recover_oom(self, batch: SchedulerOutput, cause: Exception) -> None:
-        """Device memory ran out inside the forward (activations, not KV): preempt the newest
-        running sequence (free its KV, requeue it for recompute) and retry the rest next step.
-        A sequence alone in the batch cannot make room by waiting: it fails."""
-        for item in batch.items:  # no cursor moved: the step's tokens are fed again
-            if item.seq.is_closed:
-                self.scheduler.finish(item.seq)
-        live = [s for s in self.scheduler.running if not s.is_closed]
-        if len(live) <= 1:
-            self._fail(batch, cause)
-            return
-        log.warning("out of memory in a step of %d sequences; preempting the newest", len(live))
-        self.scheduler.preempt(live[-1])
-        self.num_preemptions += 1
-
-    def _fail_live(self, cause: Exception) -> None:
-        """Scheduling raised: fail every live request (its state is no longer trusted) with a
-        typed error, free what can be freed, and keep the loop running for new requests."""
-        log.error(
-            "engine scheduling failed; failing %d live requests", len(self.seqs), exc_info=cause
-        )
-        message = f"engine scheduling failed: {type(cause).__name__}: {cause}"
-        cause = cause.with_traceback(None)  # its frames may hold views of KV pages
-        for seq in list(self.seqs.values()):
-            error = EngineInternalError(message)
-            error.__cause__ = cause
-            self.close(seq, error=error, failure_reason=FailureReason.INTERNAL)
-            try:
-                self.scheduler.finish(seq)
-            except Exception:  # already out of the scheduler's queues, or its state is broken
-                log.warning("could not release %s after the failure", seq.request_id)
-
-    def _fail(self, batch: SchedulerOutput, cause: Exception) -> None:
-        message = f"engine step failed: {type(cause).__name__}: {cause}"
-        for item in batch.items:
-            error = EngineInternalError(message)
-            error.__cause__ = cause
-            self.close(item.seq, error=error, failure_reason=FailureReason.INTERNAL)
-            self.scheduler.finish(item.seq)  # also those closed during the forward
+        """Each sampled token to its sequence (runtime.engine.postprocess), under the lock."""
+        postprocess.update_from_output(self, batch, output)
