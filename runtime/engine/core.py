@@ -4,7 +4,8 @@
 One lock (`self.lock`, a Condition) guards the scheduler, the live sequences and the pending stats;
 it is held while scheduling and updating, never during the model forward, so `submit` and
 `cancel` from other threads only ever wait for bookkeeping. Stats go to the sink after the update,
-outside the lock and outside the forward.
+outside the lock and outside the forward, to the recorder's thread (recorder.py), which runs the
+sinks and then pushes the step's final outputs.
 
 A sequence that is cancelled or times out while it is part of the step being executed gets its
 final output at once, but its KV is freed right after that forward returns (the forward is still
@@ -13,7 +14,6 @@ writing into it); every other sequence's KV is freed in the call itself.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -26,7 +26,8 @@ from runtime.engine import failures, postprocess
 from runtime.engine.batching.controller import AdaptiveBatchController, BusyTracker
 from runtime.engine.config import EngineConfig
 from runtime.engine.model_runner import ModelRunner, StepOutput
-from runtime.engine.request import TokenOutput
+from runtime.engine.recorder import StatsRecorder
+from runtime.engine.request import RequestHandle, TokenOutput
 from runtime.engine.scheduler import Scheduler, SchedulerOutput
 from runtime.engine.sequence import Sequence
 from runtime.engine.stats import (
@@ -38,7 +39,7 @@ from runtime.engine.stats import (
     StatsSink,
     StepStats,
 )
-from runtime.engine.threads import StepThreads, apply_num_threads
+from runtime.engine.threads import StepThreads, apply_num_threads, step_threads_for
 from runtime.errors import FastllmError, RequestTimeout
 from runtime.memory.host_heap import HeapTrimmer, set_mmap_threshold
 
@@ -71,6 +72,10 @@ class EngineCore:
         self.seqs: dict[str, Sequence] = {}  # live (not yet closed) sequences by request id
         self.in_flight: set[str] = set()  # request ids in the step being executed
         self.records: list[RequestStats] = []  # closed requests not yet handed to the sink
+        # the sinks run on the recorder's thread (recorder.py); while a step is updated, the
+        # final outputs it produces wait here to travel with its stats
+        self.recorder = StatsRecorder(sink) if sink is not None else None
+        self.final_outputs: list[tuple[RequestHandle, TokenOutput]] | None = None
         self.num_steps = 0
         self.num_preemptions = 0
         self.tokens_per_s = 0.0  # moving average of processed tokens / step wall time
@@ -128,30 +133,19 @@ class EngineCore:
             return
         seq.is_closed = True
         self.seqs.pop(seq.request_id, None)
-        event = (
-            RequestEvent.CANCELLED
-            if finished_reason == FinishReason.CANCELLED
-            else RequestEvent.FINISHED
-        )
-        seq.mark(event)
+        cancelled = finished_reason == FinishReason.CANCELLED
+        seq.mark(RequestEvent.CANCELLED if cancelled else RequestEvent.FINISHED)
         seq.stats.completion_tokens = len(seq.output_token_ids)
         seq.stats.finished_reason = finished_reason
         seq.stats.failure_reason = failure_reason
         if output is None:
-            output = TokenOutput(
-                request_id=seq.request_id,
-                token_ids=[],
-                text="",
-                finished_reason=finished_reason,
-                prompt_tokens=seq.num_prompt_tokens,
-                completion_tokens=len(seq.output_token_ids),
-                error=error,
-                cached_tokens=seq.stats.cached_tokens,
-                index=seq.index,
-            )
+            output = postprocess.empty_output(seq, finished_reason, error)
         if seq.request_id not in self.in_flight:
             self.scheduler.finish(seq)  # KV back before the caller sees the end of the stream
-        seq.handle.push(output)
+        if self.final_outputs is not None:  # pushed once the step's stats are recorded
+            self.final_outputs.append((seq.handle, output))
+        else:
+            seq.handle.push(output)
         record = seq.stats if seq.group is None else seq.group.closed(seq)
         if record is not None:  # one record per request, when its last choice closes
             self.records.append(record)
@@ -229,15 +223,8 @@ class EngineCore:
         return True
 
     def _step_threads(self) -> StepThreads:
-        """The per-step thread policy for the calling thread's count (another if it differs: the
-        warm-up may run on another thread than the loop), kept with the model's weights."""
-        most = torch.get_num_threads()
-        if self.step_threads is None or self.step_threads.max_threads != most:
-            kept = self.runner.loaded.step_threads
-            if most not in kept:
-                on_cpu = torch.device(self.runner.device).type == "cpu"
-                kept[most] = StepThreads(most, enabled=on_cpu)
-            self.step_threads = kept[most]
+        """The per-step thread policy for the calling thread's count (threads.py)."""
+        self.step_threads = step_threads_for(self.step_threads, self.runner.loaded)
         return self.step_threads
 
     def _step(self, batch: SchedulerOutput) -> None:
@@ -259,6 +246,7 @@ class EngineCore:
         self.tracker.add_busy(busy_s)
         with self.lock:
             self.in_flight = set()
+            self.final_outputs = []
             if isinstance(error, torch.OutOfMemoryError):
                 failures.recover_oom(self, batch, error)
             elif error is not None:
@@ -277,22 +265,32 @@ class EngineCore:
                 version=self.config.model_version,
             )
             records, self.records = self.records, []
+            finals, self.final_outputs = self.final_outputs, None
         if error is None:  # a failed step's time says nothing about the cost of its work
             self.controller.observe(step)
-        self.emit(step, records)
+        self.emit(step, records, finals)
 
     def _update_rate(self, batch: SchedulerOutput, started_ts: float) -> None:
         num_tokens = batch.num_prefill_tokens + batch.num_decode_tokens
         rate = num_tokens / max(time.time() - started_ts, 1e-6)
         self.tokens_per_s = rate if self.num_steps == 1 else 0.8 * self.tokens_per_s + 0.2 * rate
 
-    def emit(self, step: StepStats | None, records: list[RequestStats]) -> None:
-        if self.sink is None:
+    def emit(
+        self,
+        step: StepStats | None,
+        records: list[RequestStats],
+        finals: list[tuple[RequestHandle, TokenOutput]] | None = None,
+    ) -> None:
+        """Hand the stats to the recorder's thread (the final outputs go with them)."""
+        if self.sink is None:  # the warm-up mutes the sink; outputs still go out
+            for handle, output in finals or ():
+                handle.push(output)
             return
         if step is not None and self.allocator_stats is not None:
             step = replace(step, allocator=self.allocator_stats())
-        with contextlib.suppress(Exception):  # telemetry must never stop the engine
-            self.sink.record(step=step, finished=records)
+        if self.recorder is None or self.recorder.sink is not self.sink:
+            self.recorder = StatsRecorder(self.sink)
+        self.recorder.submit(step, records, finals or ())
 
     def update_from_output(self, batch: SchedulerOutput, output: StepOutput) -> None:
         """Each sampled token to its sequence (runtime.engine.postprocess), under the lock."""

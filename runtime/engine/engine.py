@@ -282,6 +282,8 @@ class Engine:
                 core.scheduler.finish(seq)
             records, core.records = core.records, []
         core.emit(None, records)
+        if core.recorder is not None:  # every stat recorded, every final output pushed
+            core.recorder.close()
         if self._parts.grammars is not None:
             self._parts.grammars.close()
         if not core.is_running:

@@ -11,12 +11,13 @@ from runtime.engine.model_runner import StepOutput
 from runtime.engine.request import TokenLogprob, TokenOutput
 from runtime.engine.scheduler import SchedulerOutput
 from runtime.engine.sequence import Sequence
-from runtime.engine.stats import RequestEvent
+from runtime.engine.stats import FinishReason, RequestEvent
+from runtime.errors import FastllmError
 
 if TYPE_CHECKING:
     from runtime.engine.core import EngineCore
 
-__all__ = ["update_from_output"]
+__all__ = ["empty_output", "push_token", "update_from_output"]
 
 
 def update_from_output(core: EngineCore, batch: SchedulerOutput, output: StepOutput) -> None:
@@ -77,3 +78,20 @@ def push_token(
         seq.handle.push(output)
     else:
         core.close(seq, finished_reason=reason, output=output)
+
+
+def empty_output(
+    seq: Sequence, finished_reason: FinishReason | None, error: FastllmError | None
+) -> TokenOutput:
+    """The final output of a sequence that ends without a token (cancelled, failed, timed out)."""
+    return TokenOutput(
+        request_id=seq.request_id,
+        token_ids=[],
+        text="",
+        finished_reason=finished_reason,
+        prompt_tokens=seq.num_prompt_tokens,
+        completion_tokens=len(seq.output_token_ids),
+        error=error,
+        cached_tokens=seq.stats.cached_tokens,
+        index=seq.index,
+    )

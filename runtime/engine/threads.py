@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import os
 import statistics
+from typing import TYPE_CHECKING
 
 import psutil
 import torch
 
 from runtime.errors import ConfigError
+
+if TYPE_CHECKING:
+    from runtime.models.loader import LoadedModel
 
 
 def resolve_num_threads(num_threads: int) -> int:
@@ -85,3 +89,15 @@ class StepThreads:
         timed = {c: self._seconds.get((size, c), [])[1:] for c in self.candidates}  # [0]: cold
         if all(len(t) >= self.trials for t in timed.values()):
             self.choice[size] = min(self.candidates, key=lambda c: statistics.median(timed[c]))
+
+
+def step_threads_for(current: StepThreads | None, loaded: LoadedModel) -> StepThreads:
+    """The per-step thread policy for the calling thread's count (another if it differs: the
+    warm-up may run on another thread than the loop), kept with the model's weights."""
+    most = torch.get_num_threads()
+    if current is not None and current.max_threads == most:
+        return current
+    kept = loaded.step_threads
+    if most not in kept:
+        kept[most] = StepThreads(most, enabled=torch.device(loaded.device).type == "cpu")
+    return kept[most]
