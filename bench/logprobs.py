@@ -36,6 +36,7 @@ import runtime.engine.model_runner as model_runner
 from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.request import GenerationRequest
 from runtime.engine.sampling import SamplingParams
+from runtime.engine.sampling.batch import SamplingBatch
 from runtime.engine.sequence import Sequence
 
 DEFAULT_CACHE = Path(os.environ.get("FASTLLM_BENCH_CACHE", "/tmp/fastllm-bench"))
@@ -45,15 +46,20 @@ TARGETS = {"plain_ratio": 0.97}
 @contextmanager
 def hooks_off() -> Iterator[None]:
     """The step as it was before logprobs and controls: none of their per-row checks run."""
-    saved = (model_runner.needs_processing, model_runner.sampled_logprobs)
+    saved = model_runner.SamplingBatch
     prop = Sequence.needs_prompt_logits
-    model_runner.needs_processing = lambda seq: False  # type: ignore[assignment]
-    model_runner.sampled_logprobs = lambda logits, seqs: None  # type: ignore[assignment]
+
+    class Bare(SamplingBatch):  # every step a greedy-only batch, whatever its rows ask
+        @classmethod
+        def build(cls, seqs: Any, **_: Any) -> SamplingBatch:  # type: ignore[override]
+            return SamplingBatch(rows=list(seqs), num_own=len(seqs))
+
+    model_runner.SamplingBatch = Bare  # type: ignore[misc]
     Sequence.needs_prompt_logits = property(lambda self: False)  # type: ignore[assignment,method-assign]
     try:
         yield
     finally:
-        model_runner.needs_processing, model_runner.sampled_logprobs = saved
+        model_runner.SamplingBatch = saved  # type: ignore[misc]
         Sequence.needs_prompt_logits = prop  # type: ignore[method-assign]
 
 

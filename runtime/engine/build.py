@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.engine.batching.controller import AdaptiveBatchController, BusyTracker
-from runtime.engine.batching.warmup import WarmupPlan, run_warmup
+from runtime.engine.batching.warmup import WarmupPlan
 from runtime.engine.config import EngineConfig
 from runtime.engine.constraints.cache import GrammarCache
 from runtime.engine.constraints.vocab import tokenizer_info
@@ -24,6 +24,7 @@ from runtime.engine.model_runner import ModelRunner
 from runtime.engine.scheduler import Scheduler
 from runtime.engine.sequence import Sequence
 from runtime.engine.stats import StatsSink
+from runtime.engine.warmup import run_warmup
 from runtime.errors import ModelLoadError
 from runtime.memory import Allocator, get_allocator
 from runtime.memory.kv_cache import KVCache

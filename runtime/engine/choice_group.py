@@ -4,12 +4,12 @@ not import `Sequence` (whose `group` field it types)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from runtime.engine.stats import RequestStats
 
-__all__ = ["ChoiceGroup"]
+__all__ = ["ChoiceGroup", "ChoiceState"]
 
 
 class Member(Protocol):
@@ -50,3 +50,13 @@ class ChoiceGroup(Generic[M]):
         if failure is not None:  # one failed choice fails the request
             stats.failure_reason, stats.finished_reason = failure, None
         return stats
+
+
+@dataclass(eq=False)
+class ChoiceState(Generic[M]):
+    """A sequence's place among its request's choices (n / best_of > 1 only)."""
+
+    index: int  # which choice it is; 0 holds the request's record
+    group: ChoiceGroup[M]
+    # on choice 0 until its prefill ends: the choices forked from it when it first samples
+    pending_forks: list[M] = field(default_factory=list)

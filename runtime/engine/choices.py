@@ -18,34 +18,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from runtime.engine.choice_group import ChoiceGroup
+from runtime.engine.choice_group import ChoiceGroup, ChoiceState
+from runtime.engine.features import SeqFeatures
 from runtime.engine.sequence import Sequence
 from runtime.engine.stats import RequestStats
 
-__all__ = ["ChoiceGroup", "make_choices", "with_forks"]
+__all__ = ["ChoiceGroup", "make_choices"]
 
 
 def make_choices(first: Sequence, build: Callable[[int, RequestStats], Sequence]) -> None:
     """Attach the request's other choices to `first` (choice 0): `build(index, stats)` makes
-    choice `index` with its own stats (a copy: only choice 0's record is emitted)."""
+    choice `index` with its own stats (a copy: only choice 0's record is emitted). Called only
+    for a request with more than one sequence."""
     num_seqs = first.request.sampling.num_seqs
-    if num_seqs == 1:
-        return
     children = [build(i, replace(first.stats, events=[])) for i in range(1, num_seqs)]
     group = ChoiceGroup(members=[first, *children], num_open=num_seqs)
     for i, seq in enumerate(group.members):
-        seq.index, seq.group = i, group
-    first.pending_forks = children
-
-
-def with_forks(seqs: list[Sequence]) -> tuple[list[Sequence], list[int]]:
-    """The sequences that sample this step followed by the choices forking from them, and for each
-    the logits row it samples from (a fork samples from its choice 0's row)."""
-    if not any(seq.pending_forks for seq in seqs):
-        return seqs, list(range(len(seqs)))
-    out, rows = list(seqs), list(range(len(seqs)))
-    for row, seq in enumerate(seqs):
-        for child in seq.pending_forks:
-            out.append(child)
-            rows.append(row)
-    return out, rows
+        if seq.features is None:
+            seq.features = SeqFeatures()
+        seq.features.choice = ChoiceState(index=i, group=group)
+    assert first.features is not None and first.features.choice is not None
+    first.features.choice.pending_forks = children

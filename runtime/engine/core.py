@@ -4,7 +4,8 @@
 One lock (`self.lock`, a Condition) guards the scheduler, the live sequences and the pending stats;
 it is held while scheduling and updating, never during the model forward, so `submit` and
 `cancel` from other threads only ever wait for bookkeeping. Stats go to the sink after the update,
-outside the lock and outside the forward.
+outside the lock and outside the forward, to the recorder's thread (recorder.py), which runs the
+sinks and then pushes the step's final outputs.
 
 A sequence that is cancelled or times out while it is part of the step being executed gets its
 final output at once, but its KV is freed right after that forward returns (the forward is still
@@ -13,7 +14,6 @@ writing into it); every other sequence's KV is freed in the call itself.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -22,11 +22,12 @@ from dataclasses import replace
 
 import torch
 
+from runtime.engine import failures, postprocess
 from runtime.engine.batching.controller import AdaptiveBatchController, BusyTracker
 from runtime.engine.config import EngineConfig
-from runtime.engine.logprobs import attach_logprobs
-from runtime.engine.model_runner import ModelRunner
-from runtime.engine.request import TokenOutput
+from runtime.engine.model_runner import ModelRunner, StepOutput
+from runtime.engine.recorder import StatsRecorder
+from runtime.engine.request import RequestHandle, TokenOutput
 from runtime.engine.scheduler import Scheduler, SchedulerOutput
 from runtime.engine.sequence import Sequence
 from runtime.engine.stats import (
@@ -38,8 +39,8 @@ from runtime.engine.stats import (
     StatsSink,
     StepStats,
 )
-from runtime.engine.threads import StepThreads, apply_num_threads
-from runtime.errors import EngineInternalError, FastllmError, RequestTimeout
+from runtime.engine.threads import StepThreads, apply_num_threads, step_threads_for
+from runtime.errors import FastllmError, RequestTimeout
 from runtime.memory.host_heap import HeapTrimmer, set_mmap_threshold
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,10 @@ class EngineCore:
         self.seqs: dict[str, Sequence] = {}  # live (not yet closed) sequences by request id
         self.in_flight: set[str] = set()  # request ids in the step being executed
         self.records: list[RequestStats] = []  # closed requests not yet handed to the sink
+        # the sinks run on the recorder's thread (recorder.py); while a step is updated, the
+        # final outputs it produces wait here to travel with its stats
+        self.recorder = StatsRecorder(sink) if sink is not None else None
+        self.final_outputs: list[tuple[RequestHandle, TokenOutput]] | None = None
         self.num_steps = 0
         self.num_preemptions = 0
         self.tokens_per_s = 0.0  # moving average of processed tokens / step wall time
@@ -131,30 +136,19 @@ class EngineCore:
             return
         seq.is_closed = True
         self.seqs.pop(seq.request_id, None)
-        event = (
-            RequestEvent.CANCELLED
-            if finished_reason == FinishReason.CANCELLED
-            else RequestEvent.FINISHED
-        )
-        seq.mark(event)
+        cancelled = finished_reason == FinishReason.CANCELLED
+        seq.mark(RequestEvent.CANCELLED if cancelled else RequestEvent.FINISHED)
         seq.stats.completion_tokens = len(seq.output_token_ids)
         seq.stats.finished_reason = finished_reason
         seq.stats.failure_reason = failure_reason
         if output is None:
-            output = TokenOutput(
-                request_id=seq.request_id,
-                token_ids=[],
-                text="",
-                finished_reason=finished_reason,
-                prompt_tokens=seq.num_prompt_tokens,
-                completion_tokens=len(seq.output_token_ids),
-                error=error,
-                cached_tokens=seq.stats.cached_tokens,
-                index=seq.index,
-            )
+            output = postprocess.empty_output(seq, finished_reason, error)
         if seq.request_id not in self.in_flight:
             self.scheduler.finish(seq)  # KV back before the caller sees the end of the stream
-        seq.handle.push(output)
+        if self.final_outputs is not None:  # pushed once the step's stats are recorded
+            self.final_outputs.append((seq.handle, output))
+        else:
+            seq.handle.push(output)
         record = seq.stats if seq.group is None else seq.group.closed(seq)
         if record is not None:  # one record per request, when its last choice closes
             self.records.append(record)
@@ -193,7 +187,7 @@ class EngineCore:
                     limit = self.controller.maybe_update(time.monotonic())
                     batch = self.scheduler.schedule(limit)
                 except Exception as exc:  # a fault in the bookkeeping must not end the loop:
-                    self._fail_live(exc)  # a dead loop would leave every request hanging
+                    failures.fail_live(self, exc)  # a dead loop would leave every request hanging
                     self.lock.wait(self.config.idle_wait_s)  # a fault every round: no spin
                     continue
                 if batch.is_empty:
@@ -232,23 +226,14 @@ class EngineCore:
         return True
 
     def _step_threads(self, compiled: bool = False) -> StepThreads:
-        """The per-step thread policy for the calling thread's count (another if it differs: the
-        warm-up may run on another thread than the loop), kept with the model's weights; decode
-        steps on a compiled step (`compiled`) are measured apart from the eager forward's."""
-        most = torch.get_num_threads()
-        policy = self.compiled_step_threads if compiled else self.step_threads
-        if policy is None or policy.max_threads != most:
-            kept = self.runner.loaded.step_threads
-            key: int | tuple[int, str] = (most, "compiled") if compiled else most
-            if key not in kept:
-                on_cpu = torch.device(self.runner.device).type == "cpu"
-                kept[key] = StepThreads(most, enabled=on_cpu)
-            policy = kept[key]
-            if compiled:
-                self.compiled_step_threads = policy
-            else:
-                self.step_threads = policy
-        return policy
+        """The per-step thread policy for the calling thread's count (threads.py); decode steps
+        on a compiled step (`compiled`) are measured apart from the eager forward's."""
+        if compiled:
+            policy = step_threads_for(self.compiled_step_threads, self.runner.loaded, compiled)
+            self.compiled_step_threads = policy
+            return policy
+        self.step_threads = step_threads_for(self.step_threads, self.runner.loaded)
+        return self.step_threads
 
     def _runs_compiled(self, batch: SchedulerOutput) -> bool:
         """Does this step run on a compiled CPU step (decodes only, not fallen back)?"""
@@ -269,30 +254,32 @@ class EngineCore:
         threads = step_threads.pick(num_tokens)
         started_ts, t0 = time.time(), time.perf_counter()
         error: Exception | None = None
+        output: StepOutput | None = None
         try:
-            sampled = self.runner.execute(batch)
+            output = self.runner.execute(batch)
         except Exception as exc:  # a failed step fails its requests, not the engine
             log.warning("engine step of %d sequences failed", len(batch.items), exc_info=True)
             # drop the traceback: its frames hold views of the sequences' KV blocks
-            error, sampled = exc.with_traceback(None), []
+            error = exc.with_traceback(None)
         busy_s = time.perf_counter() - t0
         if error is None:
             step_threads.observe(num_tokens, threads, busy_s)
         self.tracker.add_busy(busy_s)
         with self.lock:
             self.in_flight = set()
+            self.final_outputs = []
             if isinstance(error, torch.OutOfMemoryError):
-                self._recover_oom(batch, error)
+                failures.recover_oom(self, batch, error)
             elif error is not None:
-                self._fail(batch, error)
-            else:
-                self.update_from_output(batch, sampled)
+                failures.fail_batch(self, batch, error)
+            elif output is not None:
+                self.update_from_output(batch, output)
             self.num_steps += 1
             self._update_rate(batch, started_ts)
             step = self.scheduler.make_stats(
                 batch,
                 step_id=self.num_steps,
-                num_sampled=sum(1 for token in sampled if token is not None),
+                num_sampled=0 if output is None else output.num_sampled,
                 busy_s=busy_s,
                 started_ts=started_ts,
                 model=self.config.model_name,
@@ -302,106 +289,33 @@ class EngineCore:
             if fast is not None and fast.num_compile_fallbacks:
                 step = replace(step, compile_fallbacks=fast.num_compile_fallbacks)
             records, self.records = self.records, []
+            finals, self.final_outputs = self.final_outputs, None
         if error is None:  # a failed step's time says nothing about the cost of its work
             self.controller.observe(step)
-        self.emit(step, records)
+        self.emit(step, records, finals)
 
     def _update_rate(self, batch: SchedulerOutput, started_ts: float) -> None:
         num_tokens = batch.num_prefill_tokens + batch.num_decode_tokens
         rate = num_tokens / max(time.time() - started_ts, 1e-6)
         self.tokens_per_s = rate if self.num_steps == 1 else 0.8 * self.tokens_per_s + 0.2 * rate
 
-    def emit(self, step: StepStats | None, records: list[RequestStats]) -> None:
-        if self.sink is None:
+    def emit(
+        self,
+        step: StepStats | None,
+        records: list[RequestStats],
+        finals: list[tuple[RequestHandle, TokenOutput]] | None = None,
+    ) -> None:
+        """Hand the stats to the recorder's thread (the final outputs go with them)."""
+        if self.sink is None:  # the warm-up mutes the sink; outputs still go out
+            for handle, output in finals or ():
+                handle.push(output)
             return
         if step is not None and self.allocator_stats is not None:
             step = replace(step, allocator=self.allocator_stats())
-        with contextlib.suppress(Exception):  # telemetry must never stop the engine
-            self.sink.record(step=step, finished=records)
+        if self.recorder is None or self.recorder.sink is not self.sink:
+            self.recorder = StatsRecorder(self.sink)
+        self.recorder.submit(step, records, finals or ())
 
-    def update_from_output(self, batch: SchedulerOutput, sampled: list[int | None]) -> None:
-        self.scheduler.update_from_output(batch)  # cursors, published pages, closed ones freed
-        batch_size = len(batch.items)
-        for item, token_id in zip(batch.items, sampled, strict=True):
-            seq = item.seq
-            if seq.is_closed:
-                continue
-            seq.stats.batch_size = max(seq.stats.batch_size, batch_size)
-            if token_id is None:
-                continue  # a prefill chunk that ended mid-prompt
-            if seq.pending_forks:  # its prefill ended: the other choices share its KV now
-                self._fork(seq)
-            self._push_token(seq, token_id)
-
-    def _fork(self, seq: Sequence) -> None:
-        forks, seq.pending_forks = seq.pending_forks, []
-        for fork in forks:
-            token_id, fork.fork_token = fork.fork_token, None
-            if fork.is_closed or token_id is None:
-                continue
-            # echo + logprobs: the prompt is the same for every choice, so is its logprobs list
-            fork.prompt_logprobs = seq.prompt_logprobs
-            self.scheduler.fork(seq, fork)
-            self._push_token(fork, token_id)
-
-    def _push_token(self, seq: Sequence, token_id: int) -> None:
-        """A sampled token into the sequence, its stop check and its handle."""
-        seq.output_token_ids.append(token_id)
-        if len(seq.output_token_ids) == 1:
-            seq.mark(RequestEvent.FIRST_TOKEN)
-        text, reason = seq.stop_checker.push(token_id)
-        output = TokenOutput(
-            request_id=seq.request_id,
-            token_ids=[token_id],
-            text=text,
-            finished_reason=reason,
-            prompt_tokens=seq.num_prompt_tokens,
-            completion_tokens=len(seq.output_token_ids),
-            cached_tokens=seq.stats.cached_tokens,
-            index=seq.index,
-        )
-        attach_logprobs(seq, output)
-        if reason is None:
-            seq.handle.push(output)
-        else:
-            self.close(seq, finished_reason=reason, output=output)
-
-    def _recover_oom(self, batch: SchedulerOutput, cause: Exception) -> None:
-        """Device memory ran out inside the forward (activations, not KV): preempt the newest
-        running sequence (free its KV, requeue it for recompute) and retry the rest next step.
-        A sequence alone in the batch cannot make room by waiting: it fails."""
-        for item in batch.items:  # no cursor moved: the step's tokens are fed again
-            if item.seq.is_closed:
-                self.scheduler.finish(item.seq)
-        live = [s for s in self.scheduler.running if not s.is_closed]
-        if len(live) <= 1:
-            self._fail(batch, cause)
-            return
-        log.warning("out of memory in a step of %d sequences; preempting the newest", len(live))
-        self.scheduler.preempt(live[-1])
-        self.num_preemptions += 1
-
-    def _fail_live(self, cause: Exception) -> None:
-        """Scheduling raised: fail every live request (its state is no longer trusted) with a
-        typed error, free what can be freed, and keep the loop running for new requests."""
-        log.error(
-            "engine scheduling failed; failing %d live requests", len(self.seqs), exc_info=cause
-        )
-        message = f"engine scheduling failed: {type(cause).__name__}: {cause}"
-        cause = cause.with_traceback(None)  # its frames may hold views of KV pages
-        for seq in list(self.seqs.values()):
-            error = EngineInternalError(message)
-            error.__cause__ = cause
-            self.close(seq, error=error, failure_reason=FailureReason.INTERNAL)
-            try:
-                self.scheduler.finish(seq)
-            except Exception:  # already out of the scheduler's queues, or its state is broken
-                log.warning("could not release %s after the failure", seq.request_id)
-
-    def _fail(self, batch: SchedulerOutput, cause: Exception) -> None:
-        message = f"engine step failed: {type(cause).__name__}: {cause}"
-        for item in batch.items:
-            error = EngineInternalError(message)
-            error.__cause__ = cause
-            self.close(item.seq, error=error, failure_reason=FailureReason.INTERNAL)
-            self.scheduler.finish(item.seq)  # also those closed during the forward
+    def update_from_output(self, batch: SchedulerOutput, output: StepOutput) -> None:
+        """Each sampled token to its sequence (runtime.engine.postprocess), under the lock."""
+        postprocess.update_from_output(self, batch, output)

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from runtime.engine.admission import close_features, new_sequence, validate_request
 from runtime.engine.batching.controller import (
     AdaptiveBatchController,
     BatchPolicyConfig,
@@ -29,19 +30,11 @@ from runtime.engine.batching.controller import (
     ThroughputUtilization,
 )
 from runtime.engine.build import EngineParts, build_parts, default_loader
-from runtime.engine.choices import make_choices
 from runtime.engine.config import EngineConfig
-from runtime.engine.constraints import hooks as constraint_hooks
 from runtime.engine.embed import EmbeddingResult, embed_texts
+from runtime.engine.grammar_wait import add_when_compiled
 from runtime.engine.load_once import CallOnce
-from runtime.engine.logits.params import check_token_ids
-from runtime.engine.request import (
-    GenerationRequest,
-    RequestHandle,
-    ValidatedRequest,
-    tokenize_prompt,
-)
-from runtime.engine.sampling import make_generator
+from runtime.engine.request import GenerationRequest, RequestHandle, ValidatedRequest
 from runtime.engine.self_check import IdleSelfCheck, SelfCheckResult
 from runtime.engine.sequence import Sequence
 from runtime.engine.stats import (
@@ -50,10 +43,8 @@ from runtime.engine.stats import (
     FinishReason,
     KVCacheStats,
     RequestEvent,
-    RequestStats,
     StatsSink,
 )
-from runtime.engine.stopping import StopChecker
 from runtime.errors import InvalidRequestError, Overloaded, ServiceUnavailable
 from runtime.memory import Allocator, LiveBlock
 from runtime.models.loader import LoadedModel
@@ -81,9 +72,7 @@ class Engine:
         self.config = config
         self.sink = sink
         self.verifier = verifier
-        self.self_check: IdleSelfCheck | None = (
-            None  # built with the parts (runtime.engine.self_check)
-        )
+        self.self_check: IdleSelfCheck | None = None  # built with the parts
         self._allocator = allocator
         self._loader = loader or default_loader(config)
         self._once: CallOnce[EngineParts] = CallOnce(self._build)
@@ -104,9 +93,8 @@ class Engine:
         def on_close(seq: Sequence) -> None:  # under the core lock: only queues a job
             if previous is not None:
                 previous(seq)
-            constraint_hooks.record_outcome(seq)
-            if self.verifier is not None and seq.is_verified:
-                self.verifier.submit_sequence(seq, loaded.model, loaded.dtype)
+            if seq.features is not None:  # a plain sequence has no feature to close
+                close_features(seq, seq.features, self.verifier, loaded)
 
         parts.core.on_close = on_close
         self.self_check = IdleSelfCheck(
@@ -149,67 +137,15 @@ class Engine:
         The result can be admitted here or, by serving.ReplicaSet, on any replica."""
         if self._draining:
             raise ServiceUnavailable("the engine is shutting down", retry_after_s=5.0)
-        parts = self._parts  # loads the model (once) if nobody has yet
-        loaded = parts.loaded
-        if not loaded.is_causal_lm:
-            raise InvalidRequestError(
-                f"{self.config.model_name or loaded.path} is an embedding model; it cannot "
-                "generate text",
-                param="model",
-            )
-        params = request.sampling
-        ids = tokenize_prompt(
-            parts.tokenizer,
-            request.prompt_token_ids,
-            vocab_size=loaded.args.vocab_size,
-            context=loaded.args.max_position_embeddings,
-            max_tokens=params.max_tokens,
-        )
-        check_token_ids(params, loaded.args.vocab_size)
-        capacity = len(ids) + params.max_tokens
-        kv_tokens = parts.kv_cache.max_tokens
-        if not parts.kv_cache_fits(len(ids)):  # it could never be scheduled: refuse, not queue
-            raise InvalidRequestError(
-                f"prompt ({len(ids)} tokens) is longer than this server's KV cache holds "
-                f"({kv_tokens} tokens)",
-                param="prompt",
-            )
-        if not parts.kv_cache_fits(capacity):  # alone, it could run out of pages before the end
-            raise InvalidRequestError(
-                f"prompt + max_tokens ({capacity} tokens) does not fit in this server's KV cache "
-                f"({kv_tokens} tokens)",
-                param="max_tokens",
-            )
-        if len(ids) > self.config.max_queued_tokens:
-            raise InvalidRequestError(
-                f"prompt is longer than the queue bound ({self.config.max_queued_tokens} tokens)",
-                param="prompt",
-            )
-        if request.timeout_s is not None and not request.timeout_s > 0:
-            raise InvalidRequestError("timeout must be positive", param="timeout")
-        timeout_s = request.timeout_s or self.config.request_timeout_s
-        constraint_hooks.validate(parts.grammars, request)
-        stats = RequestStats(
-            request_id=request.request_id,
-            model=request.model or self.config.model_name,
-            version=request.version,
-            queued_ts=time.time(),
-            prompt_tokens=len(ids),
-            max_tokens=params.max_tokens,
-            n=params.n,
-            operation=request.operation,
-            traceparent=request.traceparent,
-            constraint=constraint_hooks.label(request),
-            logprobs=params.logprobs is not None or params.prompt_logprobs is not None,
-        )
-        return ValidatedRequest(request, ids, stats, deadline=time.monotonic() + timeout_s)
+        # the model loads (once) here if nobody has loaded it yet
+        return validate_request(self.config, self._parts, request)
 
     def admit(self, validated: ValidatedRequest) -> RequestHandle:
         """Queue a validated request (Overloaded when admission control refuses it)."""
         if self._draining:
             raise ServiceUnavailable("the engine is shutting down", retry_after_s=5.0)
         parts = self._parts
-        seq = self._new_sequence(parts, validated)
+        seq = new_sequence(parts, validated, self.verifier, self.cancel)
         request = validated.request
         core = parts.core
         core.start()
@@ -226,7 +162,7 @@ class Engine:
                 if seq.constraint is None:
                     core.add(seq)
                 else:  # queued once its grammar is compiled; no step waits for the compile
-                    constraint_hooks.add_when_compiled(core, seq)
+                    add_when_compiled(core, seq)
                 return seq.handle
             retry_after_s = self._retry_after_s(parts)
         seq.stats.failure_reason = FailureReason.OVERLOADED
@@ -240,30 +176,6 @@ class Engine:
         if self.is_loaded:
             return self.submit(request)
         return await asyncio.to_thread(self.submit, request)
-
-    def _new_sequence(self, parts: EngineParts, validated: ValidatedRequest) -> Sequence:
-        request, params = validated.request, validated.request.sampling
-        handle = RequestHandle(request.request_id, self.cancel, num_choices=params.num_seqs)
-
-        def choice(index: int, stats: RequestStats) -> Sequence:
-            # each choice its own seed stream: seed + index (choice 0 is the plain request's)
-            seed = None if params.seed is None else params.seed + index
-            return Sequence(
-                request=request,
-                handle=handle,
-                stats=stats,
-                deadline=validated.deadline,
-                stop_checker=StopChecker(parts.tokenizer, params, validated.prompt_ids),
-                generator=make_generator(seed, parts.loaded.device),
-                is_verified=index == 0
-                and self.verifier is not None
-                and self.verifier.should_verify(request.request_id),
-                constraint=constraint_hooks.new_state(parts.grammars, request),  # its own matcher
-            )
-
-        first = choice(0, validated.stats)
-        make_choices(first, choice)
-        return first
 
     def _retry_after_s(self, parts: EngineParts) -> float:
         """How long the queued prompt tokens take at the recent throughput, within [1, 30] s."""
@@ -370,6 +282,8 @@ class Engine:
                 core.scheduler.finish(seq)
             records, core.records = core.records, []
         core.emit(None, records)
+        if core.recorder is not None:  # every stat recorded, every final output pushed
+            core.recorder.close()
         if self._parts.grammars is not None:
             self._parts.grammars.close()
         if not core.is_running:

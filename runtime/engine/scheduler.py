@@ -89,6 +89,15 @@ class SchedulerOutput:
     # sum over items of the (query, key) pairs its new tokens attend: taken at schedule time,
     # before the update moves the cursors (see StepStats)
     num_attention_pairs: int = 0
+    # counted as each sequence is taken, so the step's sampling batch knows what it holds without
+    # a pass over the rows: sequences with a features slot, and sequences not sampled greedily
+    num_featured: int = 0
+    num_random: int = 0
+
+    @property
+    def is_plain(self) -> bool:
+        """No row with a feature, every row greedy: the sampling batch is one argmax."""
+        return self.num_featured == 0 and self.num_random == 0
 
     @property
     def is_empty(self) -> bool:
@@ -224,6 +233,8 @@ class Scheduler:
 
     def _take(self, out: SchedulerOutput, seq: Sequence, num_tokens: int) -> None:
         out.items.append(ScheduledSeq(seq, num_tokens))
+        out.num_featured += seq.features is not None
+        out.num_random += not seq.request.sampling.is_greedy
         if self._is_decode(seq, num_tokens):
             out.num_decode_tokens += 1
         else:
@@ -231,6 +242,8 @@ class Scheduler:
 
     def _untake(self, out: SchedulerOutput, item: ScheduledSeq) -> None:
         out.items.remove(item)
+        out.num_featured -= item.seq.features is not None
+        out.num_random -= not item.seq.request.sampling.is_greedy
         if self._is_decode(item.seq, item.num_new_tokens):
             out.num_decode_tokens -= 1
         else:

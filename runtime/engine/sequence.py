@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from runtime.engine.request import GenerationRequest, RequestHandle, TokenLogprob
+from runtime.engine.features import SeqFeatures
+from runtime.engine.request import GenerationRequest, RequestHandle
 from runtime.engine.stats import RequestEvent, RequestStats
 
 if TYPE_CHECKING:
@@ -38,41 +39,69 @@ class SequenceStatus(enum.Enum):
 
 @dataclass(eq=False)
 class Sequence:
+    """What every sequence needs, and one optional slot for the state of the features it uses
+    (runtime.engine.features: seed, choices, constraint, logprobs, verification)."""
+
     request: GenerationRequest
     handle: RequestHandle
     stats: RequestStats
     deadline: float  # time.monotonic() after which the request fails with RequestTimeout
     stop_checker: StopChecker
-    generator: torch.Generator | None = None  # per-request seeded sampling state
     output_token_ids: list[int] = field(default_factory=list)
     kv: SequenceKV | None = None
     status: SequenceStatus = SequenceStatus.WAITING
     num_preemptions: int = 0
     arrival_index: int = -1  # admission order (the scheduler's); kept across preemptions
     is_closed: bool = False  # the handle got its final output; the engine is done with it
-    # runtime.verify: sampled for verification at admission; the runner then keeps the logit of
-    # each token it samples for this request (the last one is the final step's)
-    is_verified: bool = False
-    chosen_logit: float | None = None
-    # n / best_of (runtime.engine.choices): the choice this sequence is, its request's group,
-    # and (on choice 0 until its prefill ends) the choices forked from it when it first samples
-    index: int = 0
-    group: ChoiceGroup[Sequence] | None = None
-    pending_forks: list[Sequence] = field(default_factory=list)
-    fork_token: int | None = None  # a forked choice's first token, sampled from choice 0's logits
-    constraint: ConstraintState | None = None  # its grammar's matcher (structured output)
-    # runtime.engine.logprobs: what the runner computed for the rows that asked (attach_logprobs
-    # moves it onto the next output); the prompt's list has None for position 0
-    step_logprob: TokenLogprob | None = None
-    # of the sampled tokens, summed only when asked (logprobs, or best_of > n ranks by it)
-    cumulative_logprob: float = 0.0
-    prompt_logprobs: list[TokenLogprob | None] | None = None
-    prompt_logprobs_sent: bool = False
+    features: SeqFeatures | None = None  # None: a plain sequence (see features.py)
+
+    # --- each feature's slot, read where its feature is handled ---------------------------------
+    @property
+    def is_plain(self) -> bool:
+        """No feature and greedy: nothing to build for it but an argmax."""
+        return self.features is None and self.request.sampling.is_greedy
+
+    @property
+    def generator(self) -> torch.Generator | None:
+        return None if self.features is None else self.features.generator
+
+    @property
+    def constraint(self) -> ConstraintState | None:
+        return None if self.features is None else self.features.constraint
+
+    @property
+    def is_verified(self) -> bool:
+        """Sampled for verification at admission (runtime.verify reads it when it closes)."""
+        return self.features is not None and self.features.verify is not None
+
+    @property
+    def chosen_logit(self) -> float | None:
+        """The logit of the last token sampled, before the logits processors (verified only)."""
+        f = self.features
+        return None if f is None or f.verify is None else f.verify.chosen_logit
+
+    @property
+    def index(self) -> int:
+        """Which choice of its request this sequence is (0 without n / best_of)."""
+        f = self.features
+        return 0 if f is None or f.choice is None else f.choice.index
+
+    @property
+    def group(self) -> ChoiceGroup[Sequence] | None:
+        f = self.features
+        return None if f is None or f.choice is None else f.choice.group
+
+    @property
+    def pending_forks(self) -> list[Sequence]:
+        """On choice 0 until its prefill ends: the choices that fork from it when it samples."""
+        f = self.features
+        return [] if f is None or f.choice is None else f.choice.pending_forks
 
     @property
     def needs_prompt_logits(self) -> bool:
         """Prompt logprobs asked and not yet sent: every prompt position must be computed."""
-        return self.request.sampling.prompt_logprobs is not None and not self.prompt_logprobs_sent
+        f = self.features
+        return f is not None and f.logprobs is not None and f.logprobs.needs_prompt_logits
 
     @property
     def cache_lookup_ids(self) -> list[int]:

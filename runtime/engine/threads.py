@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import os
 import statistics
+from typing import TYPE_CHECKING
 
 import psutil
 import torch
 
 from runtime.errors import ConfigError
+
+if TYPE_CHECKING:
+    from runtime.models.loader import LoadedModel
 
 
 def resolve_num_threads(num_threads: int) -> int:
@@ -85,3 +89,19 @@ class StepThreads:
         timed = {c: self._seconds.get((size, c), [])[1:] for c in self.candidates}  # [0]: cold
         if all(len(t) >= self.trials for t in timed.values()):
             self.choice[size] = min(self.candidates, key=lambda c: statistics.median(timed[c]))
+
+
+def step_threads_for(
+    current: StepThreads | None, loaded: LoadedModel, compiled: bool = False
+) -> StepThreads:
+    """The per-step thread policy for the calling thread's count (another if it differs: the
+    warm-up may run on another thread than the loop), kept with the model's weights; a compiled
+    step's (`compiled`) apart from the eager forward's."""
+    most = torch.get_num_threads()
+    if current is not None and current.max_threads == most:
+        return current
+    kept = loaded.step_threads
+    key: int | tuple[int, str] = (most, "compiled") if compiled else most
+    if key not in kept:
+        kept[key] = StepThreads(most, enabled=torch.device(loaded.device).type == "cpu")
+    return kept[key]

@@ -5,8 +5,7 @@ package only wires it into the engine).
     vocab.py     the tokenizer's vocabulary for XGrammar, built once per loaded model
     cache.py     GrammarCache: compiles off the engine loop; an LRU bounded in bytes
     state.py     ConstraintState: one request's matcher, advanced and rolled back with it
-    mask.py      the two calls the model runner makes: mask before sampling, advance after
-    admit.py     a request waits for its grammar outside the scheduler, so no step waits for it
+    mask.py      GrammarMask: the sampling batch's processor for the constrained rows
 """
 
 from runtime.engine.constraints.cache import GrammarCache, GrammarCacheStats

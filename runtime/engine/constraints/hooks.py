@@ -1,21 +1,16 @@
-"""What the Engine calls for a constrained request, one line each: validate, label, new_state,
-add_when_compiled (admit.py), record_outcome (when it closes)."""
+"""What the Engine calls for a constrained request (only for one: a plain request calls none of
+these), one line each: validate, label, new_state, record_outcome (when it closes). The wait for
+the grammar's compile before queueing is the engine's (runtime.engine.grammar_wait)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from runtime.engine.constraints.admit import add_when_compiled
 from runtime.engine.constraints.cache import GrammarCache
 from runtime.engine.constraints.state import ConstraintState
 from runtime.engine.request import GenerationRequest
-from runtime.engine.stats import FinishReason
+from runtime.engine.stats import FinishReason, RequestStats
 from runtime.errors import InvalidRequestError
 
-if TYPE_CHECKING:
-    from runtime.engine.sequence import Sequence
-
-__all__ = ["add_when_compiled", "label", "new_state", "record_outcome", "validate"]
+__all__ = ["label", "new_state", "record_outcome", "validate"]
 
 
 def validate(grammars: GrammarCache | None, request: GenerationRequest) -> None:
@@ -45,16 +40,13 @@ def new_state(grammars: GrammarCache | None, request: GenerationRequest) -> Cons
     return ConstraintState(spec, future, hit, release=lambda: grammars.release(spec, future))
 
 
-def record_outcome(seq: Sequence) -> None:
+def record_outcome(state: ConstraintState, stats: RequestStats) -> None:
     """Into the request's stats (under the core lock, as it closes)."""
-    state = seq.constraint
-    if state is None:
-        return
     if not state.future.done():  # it ended waiting for its compile: stop it, if it was the last
         state.release()
-    seq.stats.grammar_cache_hit = state.cache_hit
-    seq.stats.grammar_compile_seconds = state.compile_seconds
-    seq.stats.grammar_cache_evictions = state.num_evicted
-    seq.stats.grammar_compile_timeout = state.compile_timed_out
-    ended = seq.stats.finished_reason in (FinishReason.STOP, FinishReason.LENGTH)
-    seq.stats.grammar_incomplete = ended and not state.is_complete
+    stats.grammar_cache_hit = state.cache_hit
+    stats.grammar_compile_seconds = state.compile_seconds
+    stats.grammar_cache_evictions = state.num_evicted
+    stats.grammar_compile_timeout = state.compile_timed_out
+    ended = stats.finished_reason in (FinishReason.STOP, FinishReason.LENGTH)
+    stats.grammar_incomplete = ended and not state.is_complete

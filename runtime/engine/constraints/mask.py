@@ -1,43 +1,40 @@
-"""The two calls `ModelRunner.execute` makes for constrained rows: mask before sampling, advance
-after. Unconstrained rows are untouched: the bitmask covers only the constrained rows' indices,
-and a batch without any costs one scan of the list.
+"""The grammar mask, a logits processor of the sampling batch (runtime.engine.sampling): built
+only when some row of the step has a constraint, it owns those rows' matchers. `apply` sets the
+tokens each constrained row's grammar forbids next to -inf (one batched kernel call); `accept`
+advances each matcher with the token its row sampled. Unconstrained rows are untouched.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 import xgrammar as xgr
 
-if TYPE_CHECKING:
-    from runtime.engine.sequence import Sequence
+from runtime.engine.constraints.state import ConstraintState
 
-__all__ = ["accept_sampled", "apply_constraint_masks"]
-
-
-def apply_constraint_masks(logits: torch.Tensor, seqs: Seq[Sequence]) -> None:
-    """logits [N, vocab] (row i samples seqs[i]): tokens each constrained row's grammar forbids
-    next are set to -inf, in place, in one batched kernel call."""
-    rows = [i for i, seq in enumerate(seqs) if seq.constraint is not None]
-    if not rows:
-        return
-    vocab = logits.shape[-1]
-    bitmask = xgr.allocate_token_bitmask(len(seqs), vocab)  # [N, ceil(vocab / 32)] int32, all ones
-    for i in rows:
-        seq = seqs[i]
-        state = seq.constraint
-        assert state is not None
-        state.sync(len(seq.output_token_ids))
-        state.fill(bitmask, i)
-    xgr.apply_token_bitmask_inplace(
-        logits, bitmask.to(logits.device, non_blocking=True), vocab_size=vocab, indices=rows
-    )
+__all__ = ["GrammarMask"]
 
 
-def accept_sampled(seqs: Seq[Sequence], token_ids: Seq[int]) -> None:
-    """Advance each constrained row's matcher with the token it sampled."""
-    for seq, token_id in zip(seqs, token_ids, strict=True):
-        if seq.constraint is not None:
-            seq.constraint.accept(token_id)
+@dataclass
+class GrammarMask:
+    rows: list[int]  # the constrained rows of the step's logits
+    states: list[ConstraintState]  # their matchers, in the same order
+    num_outputs: list[int]  # their output lengths: a matcher rolls back past a dropped step
+    num_rows: int  # rows in the step's logits
+
+    def apply(self, logits: torch.Tensor) -> None:
+        """logits [N, vocab], in place."""
+        vocab = logits.shape[-1]
+        bitmask = xgr.allocate_token_bitmask(self.num_rows, vocab)  # [N, ceil(vocab/32)] int32
+        for row, state, num_outputs in zip(self.rows, self.states, self.num_outputs, strict=True):
+            state.sync(num_outputs)
+            state.fill(bitmask, row)
+        bitmask = bitmask.to(logits.device, non_blocking=True)
+        xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab, indices=self.rows)
+
+    def accept(self, token_ids: Seq[int]) -> None:
+        """token_ids: the step's sampled tokens, one per row of the logits."""
+        for row, state in zip(self.rows, self.states, strict=True):
+            state.accept(token_ids[row])

@@ -32,7 +32,7 @@ class ConstraintState:
     ) -> None:
         self.spec = spec
         self.release = release  # the request ended before its compile did (cache.release)
-        self.future = future  # done before the sequence is ever scheduled (admit.py)
+        self.future = future  # done before the sequence is ever scheduled (grammar_wait.py)
         self.cache_hit = cache_hit
         self.matcher: xgr.GrammarMatcher | None = None
         self.num_accepted = 0  # tokens the matcher has accepted

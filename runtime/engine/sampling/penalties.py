@@ -9,11 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["apply_penalties", "has_penalties"]
-
-
-def has_penalties(presence: float, frequency: float, repetition: float) -> bool:
-    return presence != 0.0 or frequency != 0.0 or repetition != 1.0
+__all__ = ["apply_penalties"]
 
 
 def _counts(token_lists: Sequence[Sequence[int]], vocab: int, device: torch.device) -> torch.Tensor:

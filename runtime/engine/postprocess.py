@@ -1,0 +1,97 @@
+"""The step's postprocess, under the core's lock (nano-vllm's `postprocess`): the scheduler's KV
+bookkeeping, then each sampled token to its sequence, its stop check and its handle. Logprobs
+come in the step's output and go to the sequences that keep a logprobs state; a choice forking
+this step (n > 1) takes its first token from the output too."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from runtime.engine.model_runner import StepOutput
+from runtime.engine.request import TokenLogprob, TokenOutput
+from runtime.engine.scheduler import SchedulerOutput
+from runtime.engine.sequence import Sequence
+from runtime.engine.stats import FinishReason, RequestEvent
+from runtime.errors import FastllmError
+
+if TYPE_CHECKING:
+    from runtime.engine.core import EngineCore
+
+__all__ = ["empty_output", "push_token", "update_from_output"]
+
+
+def update_from_output(core: EngineCore, batch: SchedulerOutput, output: StepOutput) -> None:
+    core.scheduler.update_from_output(batch)  # cursors, published pages, closed ones freed
+    batch_size = len(batch.items)
+    logprobs = output.logprobs
+    for i, (item, token_id) in enumerate(zip(batch.items, output.token_ids, strict=True)):
+        seq = item.seq
+        if seq.is_closed:
+            continue
+        seq.stats.batch_size = max(seq.stats.batch_size, batch_size)
+        if token_id is None:
+            continue  # a prefill chunk that ended mid-prompt
+        if seq.pending_forks:  # its prefill ended: the other choices share its KV now
+            _fork(core, seq, output.forks or {})
+        push_token(core, seq, token_id, None if logprobs is None else logprobs[i])
+
+
+def _fork(
+    core: EngineCore, seq: Sequence, forked: dict[int, tuple[int, TokenLogprob | None]]
+) -> None:
+    assert seq.features is not None and seq.features.choice is not None
+    forks, seq.features.choice.pending_forks = seq.features.choice.pending_forks, []
+    for fork in forks:
+        token = forked.get(id(fork))
+        if fork.is_closed or token is None:
+            continue
+        # echo + logprobs: the prompt is the same for every choice, so is its logprobs list
+        mine = seq.features.logprobs
+        theirs = None if fork.features is None else fork.features.logprobs
+        if mine is not None and theirs is not None:
+            theirs.prompt = mine.prompt
+        core.scheduler.fork(seq, fork)
+        push_token(core, fork, *token)
+
+
+def push_token(
+    core: EngineCore, seq: Sequence, token_id: int, logprob: TokenLogprob | None
+) -> None:
+    """A sampled token into the sequence, its stop check and its handle."""
+    seq.output_token_ids.append(token_id)
+    if len(seq.output_token_ids) == 1:
+        seq.mark(RequestEvent.FIRST_TOKEN)
+    text, reason = seq.stop_checker.push(token_id)
+    output = TokenOutput(
+        request_id=seq.request_id,
+        token_ids=[token_id],
+        text=text,
+        finished_reason=reason,
+        prompt_tokens=seq.num_prompt_tokens,
+        completion_tokens=len(seq.output_token_ids),
+        cached_tokens=seq.stats.cached_tokens,
+        index=seq.index,
+    )
+    if seq.features is not None and seq.features.logprobs is not None:
+        seq.features.logprobs.annotate(output, logprob)
+    if reason is None:
+        seq.handle.push(output)
+    else:
+        core.close(seq, finished_reason=reason, output=output)
+
+
+def empty_output(
+    seq: Sequence, finished_reason: FinishReason | None, error: FastllmError | None
+) -> TokenOutput:
+    """The final output of a sequence that ends without a token (cancelled, failed, timed out)."""
+    return TokenOutput(
+        request_id=seq.request_id,
+        token_ids=[],
+        text="",
+        finished_reason=finished_reason,
+        prompt_tokens=seq.num_prompt_tokens,
+        completion_tokens=len(seq.output_token_ids),
+        error=error,
+        cached_tokens=seq.stats.cached_tokens,
+        index=seq.index,
+    )
