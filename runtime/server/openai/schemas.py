@@ -14,6 +14,7 @@ since this server runs text models only.
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -28,6 +29,7 @@ from pydantic_core import PydanticCustomError
 
 from runtime.engine.logits.params import MAX_LOGPROBS
 from runtime.engine.sampling import MAX_CHOICES
+from runtime.server.openai.features import Features, features_of
 from runtime.server.openai.logprobs import ChatLogprobs, CompletionLogprobs
 from runtime.server.openai.structured import ChatToolFields, StructuredFields, ToolCall
 from runtime.server.openai.unsupported import (
@@ -128,6 +130,11 @@ class _Sampling(_Request, StructuredFields):
     def continuous_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.continuous_usage_stats
 
+    @functools.cached_property
+    def features(self) -> Features:
+        """What the body asks beyond a plain request (runtime.server.openai.features)."""
+        return features_of(self)
+
 
 class CompletionRequest(_Sampling):
     @model_validator(mode="before")
@@ -211,6 +218,12 @@ class ChatMessage(_Request):
         if isinstance(self.content, str):
             return self.content
         return "\n".join(part.text for part in self.content)
+
+    @property
+    def turn(self) -> dict[str, Any]:
+        """The chat template's message of this turn, its tool calls aside (those are rendered by
+        runtime.server.openai.tools)."""
+        return {"role": self.role, "content": self.text}
 
 
 class ChatCompletionRequest(_Sampling, ChatToolFields):
