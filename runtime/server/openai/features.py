@@ -4,6 +4,7 @@ A plain request (one prompt, one choice, no logprobs, controls, constraint or to
 handlers' short path: none of the feature modules below runs for it. A field counts as asked when
 the client sent it (pydantic's `model_fields_set`), whatever its value: a feature module handles
 its own neutral values (`logprobs: false`, `tools: []`), so sending one costs only its module.
+Each body computes its own (`body.features`, runtime.server.openai.schemas), once.
 
     choices     n > 1, best_of, a prompt batch, per-chunk usage   runtime.server.openai.choices
     logprobs    logprobs / top_logprobs (chat); logprobs, echo     logprobs.py, choice_logprobs.py
@@ -15,9 +16,8 @@ its own neutral values (`logprobs: false`, `tools: []`), so sending one costs on
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-__all__ = ["Features", "features_of"]
+__all__ = ["CHAT_LOGPROBS", "COMPLETION_LOGPROBS", "CONTROLS", "STRUCTURED", "TOOLS", "Features"]
 
 CONTROLS = frozenset(
     (
@@ -51,26 +51,3 @@ class Features:
     controls: bool
     structured: bool
     tools: bool  # chat only
-
-
-def features_of(body: Any) -> Features:
-    """`body`: a completions or chat request (runtime.server.openai.schemas); chat when it has
-    `messages`."""
-    sent: set[str] = body.model_fields_set
-    choices = body.n != 1 or body.continuous_usage
-    messages = getattr(body, "messages", None)
-    if messages is None:  # completions
-        choices = choices or body.best_of not in (None, 1) or len(body.prompts) != 1
-        logprobs, tools = not sent.isdisjoint(COMPLETION_LOGPROBS), False
-    else:
-        logprobs = not sent.isdisjoint(CHAT_LOGPROBS)
-        tools = not sent.isdisjoint(TOOLS) or any(
-            m.tool_calls or m.tool_call_id is not None for m in messages
-        )
-    return Features(
-        choices=choices,
-        logprobs=logprobs,
-        controls=not sent.isdisjoint(CONTROLS),
-        structured=not sent.isdisjoint(STRUCTURED),
-        tools=tools,
-    )

@@ -32,16 +32,14 @@ from runtime.server.openai.controls import (
     completion_logprob_fields,
     scored_max_tokens,
 )
-from runtime.server.openai.schemas import (
-    ChatCompletionRequest,
+from runtime.server.openai.replies import (
     ChatCompletionResponse,
-    CompletionRequest,
     CompletionResponse,
-    EmbeddingRequest,
     EmbeddingResponse,
     ModelCard,
     ModelList,
 )
+from runtime.server.openai.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from runtime.server.openai.streaming import EventStream
 from runtime.server.openai.structured import constraint_of
 from runtime.server.openai.tools import ToolPlan, plan_tools, render_chat_prompt
