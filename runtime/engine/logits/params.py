@@ -9,11 +9,24 @@ from typing import Protocol
 
 from runtime.errors import InvalidRequestError
 
-__all__ = ["MAX_LOGIT_BIAS", "MAX_LOGPROBS", "check_token_ids", "validate_logits_params"]
+__all__ = [
+    "MAX_LOGIT_BIAS",
+    "MAX_LOGPROBS",
+    "PENALTY_BOUNDS",
+    "check_token_ids",
+    "validate_logits_params",
+]
 
 MAX_LOGPROBS = 20  # OpenAI's bound on alternatives per position
 MAX_LOGIT_BIAS = 100.0
 MAX_BIASED_TOKENS = 1024  # a bound on the per-row work a request can ask for
+# [low, high] of each penalty (OpenAI's; repetition_penalty vLLM's (0, 2], but a tiny divisor
+# would push logits to inf: nan probabilities). The API's schema states these same bounds.
+PENALTY_BOUNDS = {
+    "presence_penalty": (-2.0, 2.0),
+    "frequency_penalty": (-2.0, 2.0),
+    "repetition_penalty": (0.01, 2.0),
+}
 
 
 class LogitsFields(Protocol):
@@ -55,10 +68,8 @@ def validate_logits_params(p: LogitsFields) -> None:
     """Raise InvalidRequestError naming the offending field."""
     _check_logprobs(p.logprobs, "logprobs")
     _check_logprobs(p.prompt_logprobs, "prompt_logprobs")
-    _check_range(p.presence_penalty, -2.0, 2.0, "presence_penalty")
-    _check_range(p.frequency_penalty, -2.0, 2.0, "frequency_penalty")
-    # vLLM takes (0, 2]; a tiny divisor would push logits to inf (nan probabilities)
-    _check_range(p.repetition_penalty, 0.01, 2.0, "repetition_penalty")
+    for name, (lo, hi) in PENALTY_BOUNDS.items():
+        _check_range(getattr(p, name), lo, hi, name)
     if len(p.logit_bias) > MAX_BIASED_TOKENS:
         raise InvalidRequestError(
             f"logit_bias holds at most {MAX_BIASED_TOKENS} tokens", param="logit_bias"

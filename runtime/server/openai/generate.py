@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from starlette.requests import Request
 
 from runtime.engine.constraints import ConstraintSpec
-from runtime.engine.request import GenerationRequest, RequestHandle, TokenOutput
+from runtime.engine.request import GenerationRequest, RequestHandle, TokenOutput, context_room
 from runtime.engine.sampling import SamplingParams
 from runtime.engine.stats import FinishReason
 from runtime.errors import Overloaded, RequestCancelled
@@ -76,7 +76,7 @@ def sampling_params(body: _Sampling, max_tokens: int, **logprobs: Any) -> Sampli
 def default_max_tokens(engine: Any, num_prompt_tokens: int, default: int) -> int:
     """OpenAI's default when max_tokens is absent, capped by what the context leaves."""
     context = int(engine.loaded.args.max_position_embeddings)
-    return max(1, min(default, context - num_prompt_tokens))
+    return max(1, min(default, context_room(context, num_prompt_tokens)))
 
 
 def submit(

@@ -28,7 +28,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from runtime.engine.logits.params import MAX_LOGPROBS
+from runtime.engine.logits.params import MAX_LOGIT_BIAS, MAX_LOGPROBS, PENALTY_BOUNDS
 from runtime.engine.sampling import MAX_CHOICES
 from runtime.server.openai.features import (
     CHAT_LOGPROBS,
@@ -74,15 +74,27 @@ NonEmptyStr = Annotated[str, Field(min_length=1)]
 # logit_bias: token ids as JSON object keys; the schema states that no other key is allowed
 _TOKEN_KEY = r"^[0-9]{1,10}$"
 LogitBias = Annotated[
-    dict[Annotated[str, Field(pattern=_TOKEN_KEY)], Annotated[float, Field(ge=-100.0, le=100.0)]],
+    dict[
+        Annotated[str, Field(pattern=_TOKEN_KEY)],
+        Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)],
+    ],
     WithJsonSchema(
         {
             "type": "object",
             "propertyNames": {"pattern": _TOKEN_KEY},
-            "additionalProperties": {"type": "number", "minimum": -100.0, "maximum": 100.0},
+            "additionalProperties": {
+                "type": "number",
+                "minimum": -MAX_LOGIT_BIAS,
+                "maximum": MAX_LOGIT_BIAS,
+            },
         }
     ),
 ]
+
+
+def _penalty(default: float, name: str, description: str | None = None) -> Any:
+    low, high = PENALTY_BOUNDS[name]
+    return Field(default, ge=low, le=high, description=description)
 
 
 class _Request(BaseModel):
@@ -113,9 +125,10 @@ class _Sampling(_Request, StructuredFields):
         description="extension (as vLLM): only requests with the same salt share cached prefixes",
     )
     # sampling controls (runtime.engine.logits; runtime.server.openai.controls maps them)
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float = Field(1.0, ge=0.01, le=2.0, description="extension (as vLLM)")
+    # their bounds are the engine's (runtime.engine.logits.params.PENALTY_BOUNDS)
+    presence_penalty: float = _penalty(0.0, "presence_penalty")
+    frequency_penalty: float = _penalty(0.0, "frequency_penalty")
+    repetition_penalty: float = _penalty(1.0, "repetition_penalty", "extension (as vLLM)")
     logit_bias: LogitBias | None = Field(
         None, description="token id (as a string) -> bias added to its logit"
     )
