@@ -1,6 +1,6 @@
 """The project files one non-streaming chat request runs through, measured.
 
-    python -m tools.request_path [--list] [--json]
+    python -m tools.request_path [--list] [--json] [--kind plain|stream|features|tools]
 
 Serves the tiny demo llama the way `fastllm serve` does (build_state + create_app: telemetry, a
 SQLite inference_log, an API key) on uvicorn in a thread, sends one warm-up chat completion, then
@@ -100,17 +100,44 @@ def _serve(workdir: Path) -> tuple[Any, socket.socket, threading.Thread]:
     return server, sock, thread
 
 
-def _chat(url: str) -> None:
+# the chat body's fields besides model, messages and max_tokens, per --kind
+KINDS: dict[str, dict[str, Any]] = {
+    "plain": {},
+    "stream": {"stream": True, "stream_options": {"include_usage": True}},
+    "features": {
+        "n": 2,
+        "logprobs": True,
+        "top_logprobs": 2,
+        "presence_penalty": 0.5,
+        "logit_bias": {"5": 1.0},
+        "min_tokens": 1,
+        "response_format": {"type": "json_object"},
+    },
+    "tools": {
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+        "tool_choice": "auto",
+    },
+}
+
+
+def _chat(url: str, kind: str) -> None:
     import httpx
 
     body = {"model": "llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     headers = {"Authorization": f"Bearer {API_KEY}"}
-    response = httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=120)
-    response.raise_for_status()
+    with httpx.stream(
+        "POST",
+        f"{url}/v1/chat/completions",
+        json={**body, **KINDS[kind]},
+        headers=headers,
+        timeout=120,
+    ) as response:
+        response.raise_for_status()
+        response.read()  # a stream to its end
 
 
-def measure() -> list[str]:
-    """The project files (repository-relative) on one non-streaming chat request's path."""
+def measure(kind: str = "plain") -> list[str]:
+    """The project files (repository-relative) on one chat request's path (`kind`: KINDS)."""
     import httpx
 
     recorder = CallRecorder(ROOT)
@@ -123,9 +150,9 @@ def measure() -> list[str]:
                 if time.monotonic() > deadline:
                     raise RuntimeError("the server did not become ready in 120 s")
                 time.sleep(0.05)
-            _chat(url)  # warm-up: lazy imports, first-call caches
+            _chat(url, kind)  # warm-up: lazy imports, first-call caches
             recorder.recording = True
-            _chat(url)
+            _chat(url, kind)
             recorder.recording = False
         finally:
             server.should_exit = True
@@ -138,14 +165,16 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--list", action="store_true", help="print the files, one a line")
     parser.add_argument("--json", action="store_true", help="one JSON object: count, files")
+    parser.add_argument("--kind", choices=sorted(KINDS), default="plain", help="the request")
     args = parser.parse_args(argv)
-    files = measure()
+    files = measure(args.kind)
     if args.json:
         print(json.dumps({"count": len(files), "files": files}))
         return
     if args.list:
         print("\n".join(files))
-    print(f"{len(files)} project files on one non-streaming chat request's path")
+    what = "non-streaming" if args.kind == "plain" else args.kind
+    print(f"{len(files)} project files on one {what} chat request's path")
 
 
 if __name__ == "__main__":

@@ -59,6 +59,12 @@ class ValidatedRequest:
     deadline: float  # time.monotonic() past which the request fails with RequestTimeout
 
 
+def context_room(context: int, num_prompt_tokens: int) -> int:
+    """Completion tokens the model's context leaves after the prompt: prompt + max_tokens must
+    fit it (tokenize_prompt refuses what does not; the API's default max_tokens stays within)."""
+    return context - num_prompt_tokens
+
+
 def tokenize_prompt(
     tokenizer: Tokenizer,
     prompt: str | Seq[int],
@@ -80,11 +86,12 @@ def tokenize_prompt(
             )
     if not ids:
         raise InvalidRequestError("prompt is empty", param="prompt")
-    if len(ids) >= context:
+    room = context_room(context, len(ids))
+    if room <= 0:
         raise InvalidRequestError(
             f"prompt is {len(ids)} tokens; this model's context is {context} tokens", param="prompt"
         )
-    if len(ids) + max_tokens > context:
+    if max_tokens > room:
         raise InvalidRequestError(
             f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds this model's "
             f"context of {context} tokens",

@@ -20,6 +20,7 @@ __all__ = [
     "MAX_LOGIT_BIAS",
     "MAX_LOGPROBS",
     "MAX_STOP_STRINGS",
+    "PENALTY_BOUNDS",
     "check_token_ids",
     "validate",
 ]
@@ -29,6 +30,13 @@ MAX_CHOICES = 16  # n and best_of: sequences of one prompt (each counts as one i
 MAX_LOGPROBS = 20  # OpenAI's bound on alternatives per position
 MAX_LOGIT_BIAS = 100.0
 MAX_BIASED_TOKENS = 1024  # a bound on the per-row work a request can ask for
+# [low, high] of each penalty (OpenAI's; repetition_penalty vLLM's (0, 2], but a tiny divisor
+# would push logits to inf: nan probabilities). The API's schema states these same bounds.
+PENALTY_BOUNDS = {
+    "presence_penalty": (-2.0, 2.0),
+    "frequency_penalty": (-2.0, 2.0),
+    "repetition_penalty": (0.01, 2.0),
+}
 
 
 def _is_int(value: object) -> bool:
@@ -77,10 +85,8 @@ def _check_choices_and_stops(p: SamplingParams) -> None:
 def _check_logits_controls(p: SamplingParams) -> None:
     _check_logprobs(p.logprobs, "logprobs")
     _check_logprobs(p.prompt_logprobs, "prompt_logprobs")
-    _check_range(p.presence_penalty, -2.0, 2.0, "presence_penalty")
-    _check_range(p.frequency_penalty, -2.0, 2.0, "frequency_penalty")
-    # vLLM takes (0, 2]; a tiny divisor would push logits to inf (nan probabilities)
-    _check_range(p.repetition_penalty, 0.01, 2.0, "repetition_penalty")
+    for name, (lo, hi) in PENALTY_BOUNDS.items():
+        _check_range(getattr(p, name), lo, hi, name)
     if len(p.logit_bias) > MAX_BIASED_TOKENS:
         raise InvalidRequestError(
             f"logit_bias holds at most {MAX_BIASED_TOKENS} tokens", param="logit_bias"

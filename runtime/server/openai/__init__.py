@@ -1,16 +1,16 @@
 """The OpenAI-compatible API (docs/openai-api.md): /v1/completions, /v1/chat/completions,
 /v1/embeddings, /v1/models, and vLLM's /tokenize and /detokenize.
 
-routes.py           the /v1 routes
+routes.py           the /v1 routes: one handler per endpoint
+features.py         what a body asks beyond a plain request, decided once per body
 tokenize.py         /tokenize, /detokenize
 schemas.py          pydantic request / response models (what /openapi.json documents)
 unsupported.py      OpenAI fields this server does not implement: refused unless neutral
 structured.py       structured-output and tool fields -> the engine's ConstraintSpec
 tools/              tool calling: plan, prompt rendering, parsing, streamed calls
 controls.py         sampling controls and logprob fields -> SamplingParams fields
-generate.py         submit / join / usage helpers shared by the generation routes
+generate.py         submit / join / usage helpers shared by the generation routes; one run
 streaming.py        server-sent events; a disconnect cancels the request
-batched.py          bodies with several prompts or choices
 choices.py          runs prompt batches and n / best_of as engine requests
 logprobs.py         the logprobs shapes of completions and chat
 choice_logprobs.py  the same per choice of a batch

@@ -1,6 +1,6 @@
-"""Logprobs and echo for the choices of prompt batches and `n` / `best_of`
-(runtime.server.openai.batched): the same shapes as the single-choice routes
-(runtime.server.openai.logprobs), built per choice.
+"""Logprobs and echo per choice index of a body (one choice, or prompt batches and `n` /
+`best_of`, runtime.server.openai.choices): the shapes of runtime.server.openai.logprobs, built
+per choice; the handlers make these only when the body asks for logprobs or echo.
 
 lm-evaluation-harness scores loglikelihoods with a batch of token-id prompts, `echo`,
 `logprobs: 1` and `max_tokens: 1`: each prompt's choice carries its own prompt logprobs (from its

@@ -1,4 +1,5 @@
-"""Prompt batches and `n` / `best_of` behind /v1/completions and /v1/chat/completions.
+"""Prompt batches and `n` / `best_of` behind /v1/completions and /v1/chat/completions: the
+`Choices` run (runtime.server.openai.generate.Run), which the handlers start only for such bodies.
 
 Each prompt of a batch is an engine request of its own (ids `<id>`, `<id>-1`, ...; one span and
 one inference_log row each); each runs its `best_of` (else `n`) sequences as choices of one
@@ -19,20 +20,14 @@ from typing import Any
 
 from starlette.requests import Request
 
-from runtime.engine.constraints import ConstraintSpec
 from runtime.engine.request import TokenOutput
 from runtime.engine.sampling import SamplingParams
 from runtime.engine.stats import FinishReason
-from runtime.errors import FastllmError, RequestCancelled
+from runtime.errors import FastllmError, InvalidRequestError, RequestCancelled
 from runtime.server.errors import error_payload
 from runtime.server.openai import generate as gen
+from runtime.server.openai.generate import IndexedChunk, IndexedOutputsChunk
 from runtime.server.openai.streaming import DONE, sse
-from runtime.serving.router import Route
-
-# (choice index in the body, text delta, finish_reason) -> one chunk's JSON object
-IndexedChunk = Callable[[int, str, str | None], dict[str, Any]]
-# the same from the outputs behind the delta too (logprobs, echo: runtime.server.openai.logprobs)
-IndexedOutputsChunk = Callable[[int, list[TokenOutput], str, str | None], dict[str, Any]]
 
 
 @dataclass
@@ -51,44 +46,6 @@ class PromptResult:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0  # of every sequence run
-
-
-def submit_prompts(
-    request: Request,
-    route: Route,
-    request_id: str,
-    prompts: list[list[int]],
-    params: Callable[[list[int]], SamplingParams],
-    *,
-    operation: str,
-    user: str | None,
-    constraint: ConstraintSpec | None = None,
-    cache_salt: str | None = None,
-) -> list[gen.Submitted]:
-    """`constraint`: every prompt's every choice follows it (each choice its own matcher);
-    `cache_salt`: the body's prefix-cache namespace, inside the key's tenant."""
-    subs: list[gen.Submitted] = []
-    try:
-        for k, ids in enumerate(prompts):
-            rid = request_id if k == 0 else f"{request_id}-{k}"
-            subs.append(
-                gen.submit(
-                    request,
-                    route,
-                    rid,
-                    ids,
-                    params(ids),
-                    operation=operation,
-                    user=user,
-                    constraint=constraint,
-                    cache_salt=cache_salt,
-                )
-            )
-    except BaseException:
-        for sub in subs:  # one refused prompt refuses the request: stop what already runs
-            sub.cancel()
-        raise
-    return subs
 
 
 async def _collect(sub: gen.Submitted, n: int) -> PromptResult:
@@ -147,13 +104,72 @@ async def join_prompts(request: Request, subs: list[gen.Submitted], n: int) -> l
             await results
 
 
-def total_usage(results: list[PromptResult], count_completion: bool = True) -> dict[str, Any]:
-    """`count_completion` False: max_tokens 0 with echo (the sampled tokens are left out)."""
-    return gen.usage(
-        sum(r.prompt_tokens for r in results),
-        sum(r.completion_tokens for r in results) if count_completion else 0,
-        sum(r.cached_tokens for r in results),
-    )
+@dataclass
+class Choices:
+    """Several prompts (one engine request each) and / or several choices per prompt."""
+
+    subs: list[gen.Submitted]
+    n: int  # choices returned per prompt
+    continuous_usage: bool = False  # usage in every chunk (vLLM's continuous_usage_stats)
+
+    @property
+    def created(self) -> int:
+        return self.subs[0].created
+
+    def cancel(self) -> None:
+        cancel_all(self.subs)
+
+    def events(self, chunks: gen.Chunks) -> AsyncIterator[bytes]:
+        return choice_events(
+            self.subs,
+            self.n,
+            chunks.chunk,
+            first=chunks.first,
+            usage=chunks.usage,
+            continuous_usage=self.continuous_usage,
+            rich=chunks.rich,
+        )
+
+    async def join(self, request: Request) -> gen.Joined:
+        results = await join_prompts(request, self.subs, self.n)
+        choices = [
+            gen.Finished(p * self.n + j, choice.text, choice.finish_reason, choice.outputs)
+            for p, result in enumerate(results)
+            for j, choice in enumerate(result.choices)
+        ]
+        return gen.Joined(
+            choices,
+            sum(r.prompt_tokens for r in results),
+            sum(r.completion_tokens for r in results),
+            sum(r.cached_tokens for r in results),
+        )
+
+
+def start(
+    submit: gen.Submit,
+    request_id: str,
+    prompts: list[list[int]],
+    params: Callable[[list[int]], SamplingParams],
+    *,
+    n: int,
+    best_of: int | None,
+    stream: bool,
+    continuous_usage: bool,
+) -> Choices:
+    """Submits every prompt (each runs its best_of, else n, sequences; a constraint binds each
+    choice, with a matcher of its own)."""
+    if stream and best_of is not None and best_of > n:
+        # the ranking needs every sequence's end: nothing could be streamed before it
+        raise InvalidRequestError("best_of > n cannot be streamed", param="best_of")
+    subs: list[gen.Submitted] = []
+    try:
+        for k, ids in enumerate(prompts):
+            subs.append(submit(request_id if k == 0 else f"{request_id}-{k}", ids, params(ids)))
+    except BaseException:
+        for sub in subs:  # one refused prompt refuses the request: stop what already runs
+            sub.cancel()
+        raise
+    return Choices(subs, n, continuous_usage)
 
 
 async def choice_events(

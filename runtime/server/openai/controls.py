@@ -21,24 +21,13 @@ __all__ = [
 ]
 
 
-def _logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
-    """OpenAI sends token ids as JSON object keys (strings)."""
-    pairs = []
-    for key, value in (bias or {}).items():
-        if not key.isdigit():  # ASCII digits only: no sign, no spaces, no "1e3"
-            raise InvalidRequestError(
-                f"logit_bias keys must be token ids, got {key[:32]!r}", param="logit_bias"
-            )
-        pairs.append((int(key), float(value)))
-    return tuple(pairs)
-
-
 def control_fields(body: _Sampling) -> dict[str, Any]:
     return {
         "presence_penalty": body.presence_penalty,
         "frequency_penalty": body.frequency_penalty,
         "repetition_penalty": body.repetition_penalty,
-        "logit_bias": _logit_bias(body.logit_bias),
+        # OpenAI sends token ids as JSON object keys: digits only (the schema's LogitBias)
+        "logit_bias": tuple((int(k), float(v)) for k, v in (body.logit_bias or {}).items()),
         "min_tokens": body.min_tokens,
         "stop_token_ids": tuple(body.stop_token_ids or ()),
     }

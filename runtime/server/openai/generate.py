@@ -3,6 +3,10 @@
 Shared by /v1/completions and /v1/chat/completions: route the model, open the trace span, submit,
 then either join the result or stream it. Once `submit` returned (or refused with Overloaded) the
 engine owns the request's stats; `request.state.engine_recorded` tells the error handlers so.
+
+A handler drives a `Run`: `Single` (one prompt, one choice: one engine request) here, or
+runtime.server.openai.choices.Choices (prompt batches, n, best_of). Either streams chunks built
+per choice index, or joins into `Joined`, so one handler serves both.
 """
 
 from __future__ import annotations
@@ -11,19 +15,20 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from starlette.requests import Request
 
 from runtime.engine.constraints import ConstraintSpec
-from runtime.engine.request import GenerationRequest, RequestHandle, TokenOutput
+from runtime.engine.request import GenerationRequest, RequestHandle, TokenOutput, context_room
 from runtime.engine.sampling import SamplingParams
 from runtime.engine.stats import FinishReason
 from runtime.errors import Overloaded, RequestCancelled
 from runtime.server.openai.controls import control_fields
 from runtime.server.openai.schemas import _Sampling
+from runtime.server.openai.streaming import token_events
 from runtime.server.openai.tenancy import prefix_salt, tenant_of
 from runtime.server.state import get_state
 from runtime.serving.router import Route
@@ -51,7 +56,9 @@ def begin(request: Request, prefix: str, model: str, operation: str) -> str:
 
 
 def sampling_params(body: _Sampling, max_tokens: int, **logprobs: Any) -> SamplingParams:
-    """`logprobs`: the route's logprobs fields (runtime.server.openai.controls)."""
+    """`logprobs`: the route's logprobs fields (runtime.server.openai.controls); the sampling
+    controls are read only when the body sent one (runtime.server.openai.features)."""
+    controls = control_fields(body) if body.features.controls else {}
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=body.temperature,
@@ -61,7 +68,7 @@ def sampling_params(body: _Sampling, max_tokens: int, **logprobs: Any) -> Sampli
         ignore_eos=body.ignore_eos,
         n=body.n,
         best_of=getattr(body, "best_of", None),  # completions only
-        **control_fields(body),
+        **controls,
         **logprobs,
     )
 
@@ -69,7 +76,7 @@ def sampling_params(body: _Sampling, max_tokens: int, **logprobs: Any) -> Sampli
 def default_max_tokens(engine: Any, num_prompt_tokens: int, default: int) -> int:
     """OpenAI's default when max_tokens is absent, capped by what the context leaves."""
     context = int(engine.loaded.args.max_position_embeddings)
-    return max(1, min(default, context - num_prompt_tokens))
+    return max(1, min(default, context_room(context, num_prompt_tokens)))
 
 
 def submit(
@@ -160,14 +167,100 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
 
 
 def usage_chunk_builder(
-    base: Callable[[], dict[str, Any]],
+    base: Callable[[], dict[str, Any]], count_completion: bool = True
 ) -> Callable[[int, int, int], dict[str, Any]]:
-    """The final streamed chunk of include_usage: no choices, just the usage."""
+    """The final streamed chunk of include_usage: no choices, just the usage.
+    `count_completion` False: max_tokens 0 with echo (the sampled token is left out)."""
 
     def build(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
         payload = base()
         payload["choices"] = []
-        payload["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
+        completion = completion_tokens if count_completion else 0
+        payload["usage"] = usage(prompt_tokens, completion, cached_tokens)
         return payload
 
     return build
+
+
+# --- one handler for one choice or many ------------------------------------------------------
+# (choice index in the body, text delta, finish_reason) -> one chunk's JSON object
+IndexedChunk = Callable[[int, str, str | None], dict[str, Any]]
+# the same from the outputs behind the delta too (logprobs, echo: runtime.server.openai.logprobs)
+IndexedOutputsChunk = Callable[[int, list[TokenOutput], str, str | None], dict[str, Any]]
+
+
+@dataclass
+class Finished:
+    """One choice of a joined run."""
+
+    index: int  # in the body: prompt p's j-th choice is p * n + j
+    text: str
+    finish_reason: str | None
+    outputs: list[TokenOutput] = field(default_factory=list)  # for its logprobs and echo
+
+
+@dataclass
+class Joined:
+    choices: list[Finished]
+    prompt_tokens: int  # each prompt's once
+    completion_tokens: int  # of every sequence run (those best_of left out included)
+    cached_tokens: int
+
+    def usage(self, count_completion: bool = True) -> dict[str, Any]:
+        """`count_completion` False: max_tokens 0 with echo (the sampled token is left out)."""
+        completion = self.completion_tokens if count_completion else 0
+        return usage(self.prompt_tokens, completion, self.cached_tokens)
+
+
+@dataclass(frozen=True)
+class Chunks:
+    """How a streamed run's chunks are built, per choice index."""
+
+    chunk: IndexedChunk  # a text delta
+    first: Callable[[int], dict[str, Any]] | None = None  # an opening chunk (chat's role delta)
+    usage: Callable[[int, int, int], dict[str, Any]] | None = None  # the include_usage chunk
+    rich: IndexedOutputsChunk | None = None  # every chunk from its outputs (logprobs, echo)
+
+
+# (request id, prompt ids, params) -> the submitted request: `submit` with the rest bound
+Submit = Callable[[str, list[int], SamplingParams], Submitted]
+
+
+class Run(Protocol):
+    """Submitted engine requests of one body, streamed or joined."""
+
+    @property
+    def created(self) -> int: ...
+    def cancel(self) -> None: ...
+    def events(self, chunks: Chunks) -> AsyncIterator[bytes]: ...
+    async def join(self, request: Request) -> Joined: ...
+
+
+@dataclass
+class Single:
+    """The plain case: one prompt, one choice, one engine request."""
+
+    submitted: Submitted
+
+    @property
+    def created(self) -> int:
+        return self.submitted.created
+
+    def cancel(self) -> None:
+        self.submitted.cancel()
+
+    def events(self, chunks: Chunks) -> AsyncIterator[bytes]:
+        sub, chunk, rich = self.submitted, chunks.chunk, chunks.rich
+        return token_events(
+            sub.handle,
+            sub.cancel,
+            lambda text, finish_reason: chunk(0, text, finish_reason),
+            first=None if chunks.first is None else chunks.first(0),
+            usage=chunks.usage,
+            rich=None if rich is None else lambda outs, text, reason: rich(0, outs, text, reason),
+        )
+
+    async def join(self, request: Request) -> Joined:
+        out = await join(request, self.submitted)
+        choice = Finished(0, out.text, out.finished_reason, [out])
+        return Joined([choice], out.prompt_tokens, out.completion_tokens, out.cached_tokens)

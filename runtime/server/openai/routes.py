@@ -1,9 +1,17 @@
-"""The OpenAI-compatible API: completions, chat completions, embeddings, models."""
+"""The OpenAI-compatible API: completions, chat completions, embeddings, models.
+
+One handler per endpoint serves one prompt or a batch, one choice or `n` / `best_of`: a plain
+body runs one engine request (runtime.server.openai.generate.Single), the others
+runtime.server.openai.choices. Each feature module (logprobs, controls, structured, tools,
+choices) runs only behind the body's flag (runtime.server.openai.features), so a plain request
+pays for none of them.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -11,38 +19,34 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from runtime.engine.constraints import ConstraintSpec
 from runtime.engine.request import TokenOutput
+from runtime.engine.sampling import SamplingParams
 from runtime.errors import InvalidRequestError
 from runtime.server.errors import ERROR_RESPONSES
-from runtime.server.openai import batched
+from runtime.server.openai import choices
 from runtime.server.openai import generate as gen
+from runtime.server.openai.choice_logprobs import ChatChoiceLogprobs, CompletionChoiceShapers
 from runtime.server.openai.controls import (
     chat_logprob_fields,
     completion_logprob_fields,
     scored_max_tokens,
 )
-from runtime.server.openai.logprobs import (
-    TokenTexts,
-    chat_logprobs,
-    completion_shaper,
-    sampled_positions,
-)
-from runtime.server.openai.schemas import (
-    ChatCompletionRequest,
+from runtime.server.openai.replies import (
     ChatCompletionResponse,
-    CompletionRequest,
     CompletionResponse,
-    EmbeddingRequest,
     EmbeddingResponse,
     ModelCard,
     ModelList,
 )
-from runtime.server.openai.streaming import EventStream, token_events
+from runtime.server.openai.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from runtime.server.openai.streaming import EventStream
 from runtime.server.openai.structured import constraint_of
-from runtime.server.openai.tools import plan_tools, render_chat_prompt
+from runtime.server.openai.tools import ToolPlan, plan_tools, render_chat_prompt
 from runtime.server.openai.tools.response import assistant_message, chat_constraint
 from runtime.server.openai.tools.stream import tool_events
 from runtime.server.state import get_state
+from runtime.serving.router import Route
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -71,71 +75,48 @@ CHAT_DEFAULT_MAX_TOKENS = 256
 async def create_completion(body: CompletionRequest, request: Request) -> Any:
     rid = gen.begin(request, "cmpl", body.model, "text_completion")
     route = get_state(request).router.pick(body.model, user=body.user)
-    if not batched.is_plain(body):  # a prompt batch, n / best_of, per-chunk usage
-        return await batched.completions(
-            body, request, rid, route, COMPLETION_DEFAULT_MAX_TOKENS, constraint_of(body)
-        )
-    prompt = body.single_prompt
-    ids = route.engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-    max_tokens = scored_max_tokens(body) or gen.default_max_tokens(
-        route.engine, len(ids), COMPLETION_DEFAULT_MAX_TOKENS
-    )
-    params = gen.sampling_params(body, max_tokens, **completion_logprob_fields(body))
-    spec = constraint_of(body)  # structured output (runtime.server.openai.structured)
-    sub = gen.submit(
-        request,
-        route,
-        rid,
-        ids,
-        params,
-        operation="text_completion",
-        user=body.user,
-        constraint=spec,
-        cache_salt=body.cache_salt,
-    )
-    shaper = completion_shaper(route.engine.tokenizer, prompt, ids, body)
+    asks = body.features  # runtime.server.openai.features: what runs besides the plain path
+    tokenizer = route.engine.tokenizer
+    prompts = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in body.prompts]
+    # max_tokens 0 scores an echoed prompt (runtime.server.openai.controls.scored_max_tokens)
+    max_tokens = scored_max_tokens(body) if body.max_tokens == 0 else body.max_tokens
+    logprob_fields = completion_logprob_fields(body) if asks.logprobs else {}
 
-    def base() -> dict[str, Any]:
+    def params(ids: list[int]) -> SamplingParams:
+        limit = max_tokens or gen.default_max_tokens(
+            route.engine, len(ids), COMPLETION_DEFAULT_MAX_TOKENS
+        )
+        return gen.sampling_params(body, limit, **logprob_fields)
+
+    constraint = constraint_of(body) if asks.structured else None
+    run = _start(request, route, rid, prompts, params, body, "text_completion", constraint)
+    base = _base(rid, run.created, route.model, "text_completion")
+    shapers = None  # echo and logprobs (runtime.server.openai.choice_logprobs)
+    if asks.logprobs and (body.echo or body.logprobs is not None):
+        shapers = CompletionChoiceShapers(tokenizer, body, prompts)
+    counted = body.max_tokens != 0  # max_tokens 0: the sampled token is left out, not counted
+    if body.stream:
+        chunk = _chunker(base, lambda text: {"text": text})
+        rich = None if shapers is None else _rich(chunk, shapers.shape)
+        usage = gen.usage_chunk_builder(base, counted) if body.include_usage else None
+        events = run.events(gen.Chunks(chunk, usage=usage, rich=rich))
+        return EventStream(events, on_close=run.cancel)
+    joined = await run.join(request)
+
+    def choice(c: gen.Finished) -> dict[str, Any]:
+        text, logprobs = (
+            (c.text, None) if shapers is None else shapers.shape(c.index, c.outputs, c.text)
+        )
         return {
-            "id": rid,
-            "object": "text_completion",
-            "created": sub.created,
-            "model": route.model,
+            "index": c.index,
+            "text": text,
+            "finish_reason": c.finish_reason,
+            "logprobs": logprobs,
         }
 
-    if body.stream:
-
-        def chunk(text: str, finish_reason: str | None) -> dict[str, Any]:
-            payload = base()
-            payload["choices"] = [
-                {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
-            ]
-            return payload
-
-        def rich(outputs: list[TokenOutput], text: str, finish_reason: str | None) -> Any:
-            payload = base()
-            text, logprobs = shaper.shape(outputs, text)
-            payload["choices"] = [
-                {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": logprobs}
-            ]
-            return payload
-
-        usage = gen.usage_chunk_builder(base) if body.include_usage else None
-        if usage is not None and shaper.drop_sampled:  # max_tokens 0: nothing is returned
-            usage = _without_completion(usage)
-        plain = not body.echo and body.logprobs is None
-        events = token_events(
-            sub.handle, sub.cancel, chunk, usage=usage, rich=None if plain else rich
-        )
-        return EventStream(events, on_close=sub.cancel)
-    out = await gen.join(request, sub)
     payload = base()
-    text, logprobs = shaper.shape([out], out.text)
-    payload["choices"] = [
-        {"index": 0, "text": text, "finish_reason": out.finished_reason, "logprobs": logprobs}
-    ]
-    completion_tokens = 0 if shaper.drop_sampled else out.completion_tokens
-    payload["usage"] = gen.usage(out.prompt_tokens, completion_tokens, out.cached_tokens)
+    payload["choices"] = [choice(c) for c in joined.choices]
+    payload["usage"] = joined.usage(counted)
     return payload
 
 
@@ -147,98 +128,134 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Any:
     rid = gen.begin(request, "chatcmpl", body.model, "chat")
     route = get_state(request).router.pick(body.model, user=body.user)
+    asks = body.features  # runtime.server.openai.features: what runs besides the plain path
     tokenizer = route.engine.tokenizer
-    plan = plan_tools(body)  # tools and tool_choice (runtime.server.openai.tools)
-    constraint = chat_constraint(body, plan)
-    ids = tokenizer.encode(render_chat_prompt(tokenizer, body.messages, plan))
+    plan: ToolPlan | None = None
+    constraint: ConstraintSpec | None = None
+    if asks.tools:  # tools and tool_choice (runtime.server.openai.tools)
+        plan = plan_tools(body)
+        constraint = chat_constraint(body, plan)
+        prompt = render_chat_prompt(tokenizer, body.messages, plan)
+    else:
+        constraint = constraint_of(body) if asks.structured else None
+        prompt = tokenizer.apply_chat_template([m.turn for m in body.messages])
+    ids = tokenizer.encode(prompt)
     max_tokens = (
         body.max_completion_tokens
         or body.max_tokens
         or gen.default_max_tokens(route.engine, len(ids), CHAT_DEFAULT_MAX_TOKENS)
     )
-    if not batched.is_plain(body):  # n choices, per-chunk usage
-        if plan.is_offered:
-            raise InvalidRequestError(
-                "tools with n > 1 or per-chunk usage are not supported yet; send n = 1",
-                param="n" if body.n != 1 else "stream_options",
-            )
-        return await batched.chat(body, request, rid, route, ids, max_tokens, constraint)
-    params = gen.sampling_params(body, max_tokens, **chat_logprob_fields(body))
-    sub = gen.submit(
+    offered = plan is not None and plan.is_offered
+    if asks.choices and offered:
+        raise InvalidRequestError(
+            "tools with n > 1 or per-chunk usage are not supported yet; send n = 1",
+            param="n" if body.n != 1 else "stream_options",
+        )
+    params = gen.sampling_params(
+        body, max_tokens, **(chat_logprob_fields(body) if asks.logprobs else {})
+    )
+    run = _start(request, route, rid, [ids], lambda _: params, body, "chat", constraint)
+    base = _base(rid, run.created, route.model, "chat.completion.chunk")
+    logprobs = ChatChoiceLogprobs(tokenizer, body) if asks.logprobs and body.logprobs else None
+    if body.stream:
+        usage = gen.usage_chunk_builder(base) if body.include_usage else None
+        if plan is not None and offered:
+            assert isinstance(run, gen.Single)  # tools are refused with several choices
+            sub = run.submitted
+            events = tool_events(sub.handle, sub.cancel, plan, base, usage=usage)
+            return EventStream(events, on_close=run.cancel)
+        chunk = _chunker(base, lambda text: {"delta": {"content": text} if text else {}})
+        rich = None
+        if logprobs is not None:
+            rich = _rich(chunk, lambda _, outputs, text: (text, logprobs.of(outputs)))
+        first = _chunker(base, lambda _: {"delta": {"role": "assistant", "content": ""}})
+        events = run.events(gen.Chunks(chunk, lambda i: first(i, "", None), usage, rich))
+        return EventStream(events, on_close=run.cancel)
+    joined = await run.join(request)
+
+    def choice(c: gen.Finished) -> dict[str, Any]:
+        message = {"role": "assistant", "content": c.text}
+        reason = c.finish_reason
+        if plan is not None:
+            message, reason = assistant_message(plan, c.text, c.finish_reason)
+        lp = None if logprobs is None else logprobs.of(c.outputs)
+        return {"index": c.index, "message": message, "finish_reason": reason, "logprobs": lp}
+
+    payload = base()
+    payload["object"] = "chat.completion"
+    payload["choices"] = [choice(c) for c in joined.choices]
+    payload["usage"] = joined.usage()
+    return payload
+
+
+def _start(
+    request: Request,
+    route: Route,
+    rid: str,
+    prompts: list[list[int]],
+    params: Callable[[list[int]], SamplingParams],
+    body: CompletionRequest | ChatCompletionRequest,
+    operation: str,
+    constraint: ConstraintSpec | None,
+) -> gen.Run:
+    """One engine request for a plain body; runtime.server.openai.choices for the others."""
+    submit = functools.partial(
+        gen.submit,
         request,
         route,
-        rid,
-        ids,
-        params,
-        operation="chat",
+        operation=operation,
         user=body.user,
         constraint=constraint,
         cache_salt=body.cache_salt,
     )
-    texts = TokenTexts(tokenizer, body.return_tokens_as_token_ids)
-
-    def base() -> dict[str, Any]:
-        return {
-            "id": rid,
-            "object": "chat.completion.chunk",
-            "created": sub.created,
-            "model": route.model,
-        }
-
-    if body.stream and plan.is_offered:
-        usage = gen.usage_chunk_builder(base) if body.include_usage else None
-        events = tool_events(sub.handle, sub.cancel, plan, base, usage=usage)
-        return EventStream(events, on_close=sub.cancel)
-    if body.stream:
-
-        def chunk(text: str, finish_reason: str | None) -> dict[str, Any]:
-            payload = base()
-            delta = {"content": text} if text else {}
-            payload["choices"] = [
-                {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
-            ]
-            return payload
-
-        first = base()
-        first["choices"] = [
-            {
-                "index": 0,
-                "delta": {"role": "assistant", "content": ""},
-                "finish_reason": None,
-                "logprobs": None,
-            }
-        ]
-
-        def rich(outputs: list[TokenOutput], text: str, finish_reason: str | None) -> Any:
-            payload = chunk(text, finish_reason)
-            logprobs = chat_logprobs(texts, sampled_positions(outputs))
-            payload["choices"][0]["logprobs"] = logprobs
-            return payload
-
-        usage = gen.usage_chunk_builder(base) if body.include_usage else None
-        events = token_events(
-            sub.handle,
-            sub.cancel,
-            chunk,
-            first=first,
-            usage=usage,
-            rich=rich if body.logprobs else None,
+    if body.features.choices:
+        best_of = getattr(body, "best_of", None)  # completions only
+        return choices.start(
+            submit,
+            rid,
+            prompts,
+            params,
+            n=body.n,
+            best_of=best_of,
+            stream=body.stream,
+            continuous_usage=body.continuous_usage,
         )
-        return EventStream(events, on_close=sub.cancel)
-    out = await gen.join(request, sub)
-    payload = base()
-    payload["object"] = "chat.completion"
-    message, finish_reason = assistant_message(plan, out.text, out.finished_reason)
-    payload["choices"] = [
-        {
-            "index": 0,
-            "message": message,
-            "finish_reason": finish_reason,
-            "logprobs": chat_logprobs(texts, sampled_positions([out])) if body.logprobs else None,
-        }
-    ]
-    payload["usage"] = gen.usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
-    return payload
+    return gen.Single(submit(rid, prompts[0], params(prompts[0])))
+
+
+def _base(rid: str, created: int, model: str, obj: str) -> Callable[[], dict[str, Any]]:
+    return lambda: {"id": rid, "object": obj, "created": created, "model": model}
+
+
+def _chunker(
+    base: Callable[[], dict[str, Any]], part: Callable[[str], dict[str, Any]]
+) -> gen.IndexedChunk:
+    """A streamed chunk of one choice: `part` is its text as the endpoint sends it."""
+
+    def chunk(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+        payload = base()
+        choice = {"index": index, **part(text), "finish_reason": finish_reason, "logprobs": None}
+        payload["choices"] = [choice]
+        return payload
+
+    return chunk
+
+
+def _rich(
+    chunk: gen.IndexedChunk,
+    shape: Callable[[int, list[TokenOutput], str], tuple[str, dict[str, Any] | None]],
+) -> gen.IndexedOutputsChunk:
+    """The chunk of a choice's outputs with their logprobs (and echo): `shape` gives both."""
+
+    def rich(
+        index: int, outputs: list[TokenOutput], text: str, finish_reason: str | None
+    ) -> dict[str, Any]:
+        text, logprobs = shape(index, outputs, text)
+        payload = chunk(index, text, finish_reason)
+        payload["choices"][0]["logprobs"] = logprobs
+        return payload
+
+    return rich
 
 
 @router.post("/embeddings", response_model=EmbeddingResponse, responses=ERROR_RESPONSES)
@@ -273,9 +290,3 @@ async def list_models(request: Request) -> Response | ModelList:
     state = get_state(request)
     cards = [ModelCard(id=name, created=state.created) for name in state.router.model_names]
     return ModelList(data=cards)
-
-
-def _without_completion(
-    build: Callable[[int, int, int], dict[str, Any]],
-) -> Callable[[int, int, int], dict[str, Any]]:
-    return lambda prompt, _completion, cached: build(prompt, 0, cached)

@@ -1,4 +1,5 @@
-"""OpenAI-compatible request and response bodies (the subset this server speaks).
+"""OpenAI-compatible request bodies (the subset this server speaks) and the error body; the
+response bodies are in runtime.server.openai.replies.
 
 Requests are strict (`"5"` is not an integer) and ignore unknown fields, as OpenAI-compatible
 servers do, so clients that send extra parameters keep working; OpenAI's own fields that this
@@ -14,6 +15,7 @@ since this server runs text models only.
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -26,9 +28,16 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from runtime.engine.logits.params import MAX_LOGPROBS
+from runtime.engine.sampling.checks import MAX_LOGIT_BIAS, MAX_LOGPROBS, PENALTY_BOUNDS
 from runtime.engine.sampling import MAX_CHOICES
-from runtime.server.openai.logprobs import ChatLogprobs, CompletionLogprobs
+from runtime.server.openai.features import (
+    CHAT_LOGPROBS,
+    COMPLETION_LOGPROBS,
+    CONTROLS,
+    STRUCTURED,
+    TOOLS,
+    Features,
+)
 from runtime.server.openai.structured import ChatToolFields, StructuredFields, ToolCall
 from runtime.server.openai.unsupported import (
     CHAT_FIELDS,
@@ -65,15 +74,27 @@ NonEmptyStr = Annotated[str, Field(min_length=1)]
 # logit_bias: token ids as JSON object keys; the schema states that no other key is allowed
 _TOKEN_KEY = r"^[0-9]{1,10}$"
 LogitBias = Annotated[
-    dict[Annotated[str, Field(pattern=_TOKEN_KEY)], Annotated[float, Field(ge=-100.0, le=100.0)]],
+    dict[
+        Annotated[str, Field(pattern=_TOKEN_KEY)],
+        Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)],
+    ],
     WithJsonSchema(
         {
             "type": "object",
             "propertyNames": {"pattern": _TOKEN_KEY},
-            "additionalProperties": {"type": "number", "minimum": -100.0, "maximum": 100.0},
+            "additionalProperties": {
+                "type": "number",
+                "minimum": -MAX_LOGIT_BIAS,
+                "maximum": MAX_LOGIT_BIAS,
+            },
         }
     ),
 ]
+
+
+def _penalty(default: float, name: str, description: str | None = None) -> Any:
+    low, high = PENALTY_BOUNDS[name]
+    return Field(default, ge=low, le=high, description=description)
 
 
 class _Request(BaseModel):
@@ -104,9 +125,10 @@ class _Sampling(_Request, StructuredFields):
         description="extension (as vLLM): only requests with the same salt share cached prefixes",
     )
     # sampling controls (runtime.engine.logits; runtime.server.openai.controls maps them)
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float = Field(1.0, ge=0.01, le=2.0, description="extension (as vLLM)")
+    # their bounds are the engine's (runtime.engine.sampling.checks.PENALTY_BOUNDS)
+    presence_penalty: float = _penalty(0.0, "presence_penalty")
+    frequency_penalty: float = _penalty(0.0, "frequency_penalty")
+    repetition_penalty: float = _penalty(1.0, "repetition_penalty", "extension (as vLLM)")
     logit_bias: LogitBias | None = Field(
         None, description="token id (as a string) -> bias added to its logit"
     )
@@ -127,6 +149,27 @@ class _Sampling(_Request, StructuredFields):
     @property
     def continuous_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.continuous_usage_stats
+
+    @functools.cached_property
+    def features(self) -> Features:
+        """What the body asks beyond a plain request (runtime.server.openai.features)."""
+        sent = self.model_fields_set
+        return Features(
+            choices=self.n != 1 or self.continuous_usage or self._is_batch(),
+            logprobs=not sent.isdisjoint(self._logprob_fields()),
+            controls=not sent.isdisjoint(CONTROLS),
+            structured=not sent.isdisjoint(STRUCTURED),
+            tools=self._uses_tools(),
+        )
+
+    def _is_batch(self) -> bool:
+        return False
+
+    def _logprob_fields(self) -> frozenset[str]:
+        return CHAT_LOGPROBS
+
+    def _uses_tools(self) -> bool:
+        return False
 
 
 class CompletionRequest(_Sampling):
@@ -162,6 +205,12 @@ class CompletionRequest(_Sampling):
     @property
     def single_prompt(self) -> str | list[int]:
         return self.prompts[0]
+
+    def _is_batch(self) -> bool:
+        return self.best_of not in (None, 1) or len(self.prompts) != 1
+
+    def _logprob_fields(self) -> frozenset[str]:
+        return COMPLETION_LOGPROBS
 
 
 # chat content as a list of parts (the module's docstring)
@@ -212,6 +261,12 @@ class ChatMessage(_Request):
             return self.content
         return "\n".join(part.text for part in self.content)
 
+    @property
+    def turn(self) -> dict[str, Any]:
+        """The chat template's message of this turn, its tool calls aside (those are rendered by
+        runtime.server.openai.tools)."""
+        return {"role": self.role, "content": self.text}
+
 
 class ChatCompletionRequest(_Sampling, ChatToolFields):
     @model_validator(mode="before")
@@ -223,6 +278,12 @@ class ChatCompletionRequest(_Sampling, ChatToolFields):
     max_completion_tokens: PositiveInt | None = Field(None, description="alias of max_tokens")
     logprobs: bool = False
     top_logprobs: TopLogprobs | None = Field(None, description="with logprobs: alternatives")
+
+    def _uses_tools(self) -> bool:
+        """Tools offered, or tool turns in the history (rendered by runtime.server.openai.tools)."""
+        return not self.model_fields_set.isdisjoint(TOOLS) or any(
+            m.tool_calls or m.tool_call_id is not None for m in self.messages
+        )
 
 
 class EmbeddingRequest(_Request):
@@ -241,83 +302,6 @@ class BatchPolicyRequest(_Request):
     min_util: float = Field(ge=0.0, le=1.0)
     max_util: float = Field(ge=0.0, le=1.0)
     step_size: float = Field(gt=0.0, le=1.0)
-
-
-# --- responses ------------------------------------------------------------------------------------
-class PromptTokensDetails(BaseModel):
-    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int = 0
-    total_tokens: int
-    prompt_tokens_details: PromptTokensDetails | None = None  # completions and chat
-
-
-class CompletionChoice(BaseModel):
-    index: int = 0
-    text: str
-    finish_reason: Literal["stop", "length"] | None = None
-    logprobs: CompletionLogprobs | None = None
-
-
-class CompletionResponse(BaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage | None = None
-    system_fingerprint: str | None = None
-
-
-class AssistantMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str | None
-    tool_calls: list[ToolCall] | None = None
-
-
-class ChatChoice(BaseModel):
-    index: int = 0
-    message: AssistantMessage
-    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
-    logprobs: ChatLogprobs | None = None
-
-
-class ChatCompletionResponse(BaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
-    system_fingerprint: str | None = None
-
-
-class Embedding(BaseModel):
-    object: Literal["embedding"] = "embedding"
-    index: int
-    embedding: list[float] | str  # str: base64 of little-endian float32
-
-
-class EmbeddingResponse(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[Embedding]
-    model: str
-    usage: Usage
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int
-    owned_by: str = "fastllm"
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
 
 
 class ErrorBody(BaseModel):

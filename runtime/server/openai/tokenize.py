@@ -74,7 +74,7 @@ async def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest, reques
     engine = _route(request, body.model).engine
     tokenizer = engine.tokenizer
     if isinstance(body, TokenizeChatRequest):
-        messages = [{"role": m.role, "content": m.text} for m in body.messages]
+        messages = [m.turn for m in body.messages]
         text = tokenizer.apply_chat_template(
             messages, add_generation_prompt=body.add_generation_prompt
         )

@@ -41,12 +41,10 @@ def tool_call_text(name: str, arguments: str) -> str:
 
 
 def _message(m: ChatMessage) -> dict[str, Any]:
-    content = m.text  # text parts joined (runtime.server.openai.schemas.ContentParts)
+    out = m.turn  # text parts joined (runtime.server.openai.schemas.ContentParts)
     if m.tool_calls:
         calls = "".join(tool_call_text(c.function.name, c.function.arguments) for c in m.tool_calls)
-        content = content + calls
-    out: dict[str, Any] = {"role": m.role, "content": content}
-    if m.tool_calls:
+        out["content"] += calls
         out["tool_calls"] = [c.model_dump() for c in m.tool_calls]
     if m.tool_call_id is not None:
         out["tool_call_id"] = m.tool_call_id
