@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
+from runtime.server.openai.schemas import NonNegativeInt, PositiveInt
 from runtime.server.openai.unsupported import UNSUPPORTED
 
 MAX_MESSAGES = 100_000  # Anthropic's own bound
@@ -158,13 +159,13 @@ class CountTokensRequest(_Body):
 
 
 class MessagesRequest(CountTokensRequest):
-    max_tokens: int = Field(ge=1, description="clamped to what the context leaves")
+    max_tokens: PositiveInt = Field(description="clamped to what the context leaves")
     stop_sequences: list[Annotated[str, Field(min_length=1)]] | None = Field(
         None, max_length=MAX_STOP_SEQUENCES
     )
     temperature: float = Field(1.0, ge=0.0, le=1.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)
+    top_k: NonNegativeInt | None = None
     stream: bool = False
     metadata: Metadata | None = None
 
