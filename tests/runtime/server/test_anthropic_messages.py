@@ -6,16 +6,19 @@ same text the chat path gives for the same conversation (the `openai` SDK as the
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import anthropic
+import httpx
 import jsonschema
 import openai
 import pytest
 
 from runtime.models.tokenizer import Tokenizer
+from tests.runtime.engine.support import RecordingSink
 from tests.runtime.server.live import API_KEY, LiveServer
 
 # the SDK no longer sends sampling fields itself (newer Claude models take none): extra_body does
@@ -310,3 +313,23 @@ def test_keys_by_x_api_key_or_bearer(served: LiveServer) -> None:
         with pytest.raises(anthropic.AuthenticationError) as err:
             nobody.messages.create(model="llama", max_tokens=4, messages=HELLO)  # type: ignore[arg-type]
         assert err.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
+
+
+def test_a_dropped_stream_cancels_its_request(served: LiveServer) -> None:
+    sink = RecordingSink()
+    served.state.stats.add(sink)
+    body = {"model": "llama", "max_tokens": 32_000, "stream": True, "messages": HELLO, **GREEDY}
+    headers = {"x-api-key": API_KEY}
+    with httpx.stream("POST", f"{served.url}/v1/messages", json=body, headers=headers) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        start = json.loads(next(line for line in lines if line.startswith("data: "))[6:])
+        next(line for line in lines if '"content_block_delta"' in line)
+    # leaving the block closed the connection with the stream unfinished
+    request_id = "msg-" + start["message"]["id"].removeprefix("msg_")
+    deadline = time.monotonic() + 60
+    while request_id not in sink.by_id():
+        assert time.monotonic() < deadline, "the dropped request was never reported"
+        time.sleep(0.05)
+    record = sink.by_id()[request_id]
+    assert record.finished_reason == "cancelled" and record.completion_tokens < 1500
