@@ -20,6 +20,8 @@ from typing import Any
 from fastapi import FastAPI
 
 from runtime.config import Settings, load_settings
+from runtime.server.anthropic import routes as anthropic
+from runtime.server.anthropic.auth import messages_key_dependencies
 from runtime.server.auth import api_key_dependencies
 from runtime.server.edge.guard import Guard
 from runtime.server.errors import install_error_handlers
@@ -49,6 +51,9 @@ def create_app(settings: Settings | None = None, *, state: ServerState | None = 
     install_error_handlers(app)
     app.include_router(openai.router, dependencies=api_key_dependencies(state.settings.api_keys))
     app.include_router(tokenize.router, dependencies=api_key_dependencies(state.settings.api_keys))
+    app.include_router(
+        anthropic.router, dependencies=messages_key_dependencies(state.settings.api_keys)
+    )
     app.include_router(admin.router)
     app.include_router(rollout.router)
     app.state.rollout = attach_rollout(state)  # canary weights, promotion, automatic rollback

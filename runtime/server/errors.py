@@ -23,6 +23,7 @@ from starlette.routing import Match
 
 from runtime.engine.stats import FailureReason, FanOut, RequestStats
 from runtime.errors import FastllmError, Overloaded, ServiceUnavailable
+from runtime.server.anthropic.errors import anthropic_error, is_messages_path
 from runtime.server.openai.schemas import ErrorResponse
 from runtime.server.openai.unsupported import UNSUPPORTED
 
@@ -115,6 +116,8 @@ def record_request_failure(request: Request, status: int) -> None:
 def _operation(path: str) -> str:
     if path.endswith("/chat/completions"):
         return "chat"
+    if is_messages_path(path):
+        return "messages"
     return "embeddings" if path.endswith("/embeddings") else "text_completion"
 
 
@@ -154,10 +157,21 @@ def _is_tag(part: Any) -> bool:
     return isinstance(part, str) and not part.isidentifier()
 
 
+def _shaped(request: Request, response: JSONResponse, message: str) -> JSONResponse:
+    """The OpenAI-shaped `response`, or on the Messages routes Anthropic's (same headers)."""
+    if not is_messages_path(request.url.path):
+        return response
+    status, payload = anthropic_error(response.status_code, message)
+    headers = {k: v for k, v in response.headers.items() if k.lower() == "retry-after"}
+    if "allow" in response.headers:
+        headers["Allow"] = response.headers["allow"]
+    return JSONResponse(payload, status_code=status, headers=headers or None)
+
+
 async def _on_fastllm_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, FastllmError)
     record_request_failure(request, exc.http_status)
-    return error_response(exc)
+    return _shaped(request, error_response(exc), exc.message)
 
 
 async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
@@ -169,7 +183,7 @@ async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse
         request.state.model = model[:256]  # the metrics sink maps unserved names to "unknown"
     record_request_failure(request, 400)
     payload = error_payload(message, "invalid_request_error", param=param)
-    return JSONResponse(payload, status_code=400)
+    return _shaped(request, JSONResponse(payload, status_code=400), message)
 
 
 async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
@@ -180,7 +194,8 @@ async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
     headers = dict(exc.headers or {})
     if exc.status_code == 405:  # starlette names the methods of the first route of the path only
         headers["Allow"] = ", ".join(_methods_at(request))
-    return JSONResponse(payload, status_code=exc.status_code, headers=headers or None)
+    response = JSONResponse(payload, status_code=exc.status_code, headers=headers or None)
+    return _shaped(request, response, str(exc.detail))
 
 
 _METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")

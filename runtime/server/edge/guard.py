@@ -23,6 +23,9 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from runtime.server.anthropic.auth import MISSING as MISSING_KEY
+from runtime.server.anthropic.auth import authorization_of
+from runtime.server.anthropic.errors import anthropic_error, is_messages_path
 from runtime.server.auth import api_key_problem
 from runtime.server.edge.body import BodyLimits, Refusal, check_json, header, read_body
 from runtime.server.errors import error_payload, record_failure
@@ -42,8 +45,13 @@ class Guard:
             await self.app(scope, receive, send)
             return
         state = self.state
-        problem = api_key_problem(header(scope, b"authorization"), state.settings.api_keys)
+        authorization = authorization_of(
+            path, header(scope, b"authorization"), header(scope, b"x-api-key")
+        )
+        problem = api_key_problem(authorization, state.settings.api_keys)
         if problem is not None:
+            if is_messages_path(path) and problem.startswith("missing"):
+                problem = MISSING_KEY  # names x-api-key too
             unauthorized = Refusal(401, problem, "authentication_error", code="invalid_api_key")
             await self._refuse(scope, send, unauthorized)
             return
@@ -118,6 +126,9 @@ class Guard:
         payload = error_payload(
             refusal.message, refusal.error_type, param=refusal.param, code=refusal.code
         )
+        status = refusal.status
+        if is_messages_path(scope["path"]):  # Anthropic's shape and statuses on its routes
+            status, payload = anthropic_error(status, refusal.message)
         body = json.dumps(payload).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
         if refusal.retry_after is not None:
@@ -126,7 +137,7 @@ class Guard:
             headers.append((b"www-authenticate", b"Bearer"))
         if refusal.close:
             headers.append((b"connection", b"close"))
-        await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
 

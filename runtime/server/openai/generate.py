@@ -26,6 +26,7 @@ from runtime.engine.request import GenerationRequest, RequestHandle, TokenOutput
 from runtime.engine.sampling import SamplingParams
 from runtime.engine.stats import FinishReason
 from runtime.errors import Overloaded, RequestCancelled
+from runtime.server.anthropic.auth import authorization_of
 from runtime.server.openai.controls import control_fields
 from runtime.server.openai.schemas import _Sampling
 from runtime.server.openai.streaming import token_events
@@ -93,7 +94,10 @@ def submit(
 ) -> Submitted:
     state = get_state(request)
     settings = state.settings
-    tenant = tenant_of(request.headers.get("authorization"), settings.api_keys)
+    authorization = authorization_of(  # the Messages routes also take `x-api-key`
+        request.url.path, request.headers.get("authorization"), request.headers.get("x-api-key")
+    )
+    tenant = tenant_of(authorization, settings.api_keys)
     salt = prefix_salt(tenant, cache_salt, shared=settings.prefix_cache_shared_across_keys)
     traceparent = request.headers.get("traceparent")
     if state.start_span is not None:
