@@ -115,6 +115,8 @@ def record_request_failure(request: Request, status: int) -> None:
 def _operation(path: str) -> str:
     if path.endswith("/chat/completions"):
         return "chat"
+    if path.startswith("/v1/responses"):
+        return "responses"
     return "embeddings" if path.endswith("/embeddings") else "text_completion"
 
 
