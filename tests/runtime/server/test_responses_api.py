@@ -6,6 +6,7 @@ weights say nothing sensible, so these tests check structure and usage, not cont
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import httpx
 import jsonschema
@@ -40,8 +41,10 @@ class Flag(BaseModel):
 
 
 @pytest.fixture
-def client(served: LiveServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{served.url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
+def client(served: LiveServer) -> Iterator[openai.OpenAI]:
+    url = f"{served.url}/v1"
+    with openai.OpenAI(base_url=url, api_key=API_KEY, max_retries=0, timeout=60) as client:
+        yield client
 
 
 def _raw(served: LiveServer, body: dict) -> httpx.Response:
