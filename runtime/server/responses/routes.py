@@ -90,16 +90,21 @@ async def create_response(body: ResponsesRequest, request: Request) -> Any:
         top_p=1.0 if body.top_p is None else body.top_p,
         logprobs=(body.top_logprobs or 0) if body.wants_logprobs else None,
     )
-    sub = gen.submit(
-        request,
-        route,
-        rid,
-        ids,
-        params,
-        operation="responses",
-        user=body.user,
-        constraint=constraint,
-    )
+    try:
+        sub = gen.submit(
+            request,
+            route,
+            rid,
+            ids,
+            params,
+            operation="responses",
+            user=body.user,
+            constraint=constraint,
+        )
+    except InvalidRequestError as exc:  # the engine names chat's field
+        if exc.param == "max_tokens":
+            exc.param = "max_output_tokens"
+        raise
     draft = Draft(rid, sub.created, route.model, body, tools)
     texts = TokenTexts(tokenizer) if body.wants_logprobs else None
     if body.stream:
