@@ -101,22 +101,19 @@ def response_tools(body: ResponsesRequest) -> ResponseTools:
 
 
 def response_constraint(body: ResponsesRequest, plan: ToolPlan) -> ConstraintSpec | None:
-    """A forced call (tool_choice required / named) or `text.format`'s JSON, never both."""
+    """A forced call (tool_choice required / named), else `text.format`'s JSON. With both, the
+    call wins: its output is a call, never a message, so the format has nothing to shape (an
+    Agents SDK agent with an output type and a forced first tool sends both)."""
+    forced = plan.constraint()
+    if forced is not None:
+        return forced
     fmt = body.text.format if body.text is not None else None
-    structured: ConstraintSpec | None = None
     if fmt is not None and fmt.type == "json_object":
-        structured = ConstraintSpec("json_object", "", "text")
-    elif fmt is not None and fmt.type == "json_schema":
+        return ConstraintSpec("json_object", "", "text")
+    if fmt is not None and fmt.type == "json_schema":
         if fmt.schema_ is None:
             raise InvalidRequestError(
                 "text.format.schema is required for json_schema", param="text"
             )
-        structured = ConstraintSpec.json_schema(fmt.schema_, "text")
-    forced = plan.constraint()
-    if forced is not None and structured is not None:
-        raise InvalidRequestError(
-            f"text.format {fmt.type if fmt else ''} cannot be combined with tool_choice "
-            f"{plan.mode}",
-            param="text",
-        )
-    return forced or structured
+        return ConstraintSpec.json_schema(fmt.schema_, "text")
+    return None

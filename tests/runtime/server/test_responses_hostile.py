@@ -59,14 +59,6 @@ def _body(**fields: Any) -> dict[str, Any]:
         (_body(tool_choice="required"), "tool_choice"),
         (_body(text={"format": {"type": "json_schema", "name": "x"}}), "text"),
         (_body(text={"format": {"type": "xml"}}), "text"),
-        (
-            _body(
-                tools=[FUNCTION],
-                tool_choice="required",
-                text={"format": {"type": "json_object"}},
-            ),
-            "text",
-        ),
         (_body(store=True), "store"),
         (_body(previous_response_id="resp_1"), "previous_response_id"),
         (_body(conversation="conv_1"), "conversation"),
