@@ -2,7 +2,8 @@
 against a live server on the tiny random llama: the first turn is a forced call (the weights are
 random), the SDK runs the tool, sends its output back as a `function_call_output` item, and the
 run ends with the model's answer in the agent's output type (a random model's free text would
-rarely end before max_tokens, and the SDK treats an incomplete response as a failure). Tracing is off (nothing leaves the machine)."""
+rarely end before max_tokens, and the SDK treats an incomplete response as a failure). Tracing
+is off (nothing leaves the machine)."""
 
 from __future__ import annotations
 
