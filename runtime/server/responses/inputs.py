@@ -8,7 +8,8 @@
   assistant message just before them, if any); `function_call_output` is a `tool` turn answering
   its `call_id`, which must name an earlier call;
 - `reasoning` items are skipped (no reasoning model here); any other type is a 400 naming it.
-`instructions` come first, as the system message.
+`instructions` come first, as the system message, joined with the system / developer messages
+that open the input (blank line between them).
 """
 
 from __future__ import annotations
@@ -140,6 +141,12 @@ def chat_messages(instructions: str | None, items: str | list[dict[str, Any]]) -
 
 
 def _validated(turns: list[dict[str, Any]]) -> list[ChatMessage]:
+    # `instructions` and leading system / developer messages are one system message: many
+    # templates take a system message only first (others raise: a 400 for a valid request)
+    while len(turns) > 1 and turns[0]["role"] == turns[1]["role"] == "system":
+        turns[:2] = [
+            {"role": "system", "content": f"{turns[0]['content']}\n\n{turns[1]['content']}"}
+        ]
     try:
         return [ChatMessage.model_validate(t) for t in turns]
     except ValidationError as exc:  # e.g. more tool calls in one turn than chat takes

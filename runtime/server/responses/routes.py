@@ -101,9 +101,10 @@ async def create_response(body: ResponsesRequest, request: Request) -> Any:
             user=body.user,
             constraint=constraint,
         )
-    except InvalidRequestError as exc:  # the engine names chat's field
-        if exc.param == "max_tokens":
-            exc.param = "max_output_tokens"
+    except InvalidRequestError as exc:  # the engine names completions' fields
+        exc.param = {"max_tokens": "max_output_tokens", "prompt": "input"}.get(
+            exc.param or "", exc.param
+        )
         raise
     draft = Draft(rid, sub.created, route.model, body, tools)
     texts = TokenTexts(tokenizer) if body.wants_logprobs else None

@@ -93,8 +93,7 @@ def test_instructions_and_items_render_as_the_chat_template(
         model="llama", instructions="Answer.", input=items, max_output_tokens=4, temperature=0
     )
     expected = [
-        {"role": "system", "content": "Answer."},
-        {"role": "system", "content": "Be terse."},
+        {"role": "system", "content": "Answer.\n\nBe terse."},  # one system message
         {"role": "user", "content": "Hi"},
         {"role": "assistant", "content": "Hello"},
         {"role": "user", "content": "More"},

@@ -65,6 +65,7 @@ def _body(**fields: Any) -> dict[str, Any]:
         (_body(background=True), "background"),
         (_body(metadata={"k": 1}), "metadata"),
         (_body(stream="yes"), "stream"),
+        (_body(input="word " * 5000), "input"),  # longer than the model's context
     ],
 )
 def test_bad_bodies_are_400s_naming_the_field(
