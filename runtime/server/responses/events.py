@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from runtime.engine.request import RequestHandle
@@ -39,7 +39,11 @@ from runtime.server.responses.objects import (
 )
 from runtime.server.responses.split import Splitter
 
-__all__ = ["response_events"]
+__all__ = ["Saver", "response_events"]
+
+# stores the final response object (store: true) before the final event goes out, so a client
+# that continues at once with previous_response_id finds it
+Saver = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 class _Sequence:
@@ -151,6 +155,7 @@ async def response_events(
     cancel: Callable[[], object],
     draft: Draft,
     texts: TokenTexts | None,
+    on_final: Saver | None = None,
 ) -> AsyncIterator[bytes]:
     event, plan = _Sequence(), draft.tools.plan
     message = _Message(event, texts is not None)
@@ -192,6 +197,8 @@ async def response_events(
                     usage=usage(last),
                     completed_at=int(time.time()) if status == "completed" else None,
                 )
+                if on_final is not None:
+                    await on_final(snapshot)
                 yield event(f"response.{status}", response=snapshot)
                 return
     finally:

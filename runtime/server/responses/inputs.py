@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from runtime.errors import InvalidRequestError
 from runtime.server.openai.schemas import ChatMessage
 
-__all__ = ["chat_messages"]
+__all__ = ["chat_messages", "input_turns"]
 
 _TEXT_PARTS = {"input_text", "output_text", "text", "summary_text", "reasoning_text"}
 _SKIPPED = {"reasoning"}
@@ -102,27 +102,25 @@ def _parse(index: int, raw: Any) -> _Item | None:
         ) from None
 
 
-def chat_messages(instructions: str | None, items: str | list[dict[str, Any]]) -> list[ChatMessage]:
-    turns: list[dict[str, Any]] = []
-    if instructions:
-        turns.append({"role": "system", "content": instructions})
+def input_turns(
+    items: str | list[dict[str, Any]], history: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """The conversation's chat turns: a stored one's (`previous_response_id`), then the input's."""
+    turns: list[dict[str, Any]] = [dict(t) for t in history or ()]
     if isinstance(items, str):
-        turns.append({"role": "user", "content": items})
-        return _validated(turns)
-    called: set[str] = set()
+        return [*turns, {"role": "user", "content": items}]
+    called = {c["id"] for t in turns for c in t.get("tool_calls") or ()}
     for index, raw in enumerate(items):
         item = _parse(index, raw)
         if isinstance(item, _Message):
             role = "system" if item.role == "developer" else item.role
             turns.append({"role": role, "content": _text(item.content, f"input[{index}]")})
         elif isinstance(item, _FunctionCall):
-            call = {
-                "id": item.call_id,
-                "function": {"name": item.name, "arguments": item.arguments},
-            }
+            function = {"name": item.name, "arguments": item.arguments}
+            call = {"id": item.call_id, "function": function}
             last = turns[-1] if turns else None
             if last is not None and last["role"] == "assistant":
-                last.setdefault("tool_calls", []).append(call)
+                last["tool_calls"] = [*(last.get("tool_calls") or ()), call]
             else:
                 turns.append({"role": "assistant", "content": None, "tool_calls": [call]})
             called.add(item.call_id)
@@ -135,12 +133,18 @@ def chat_messages(instructions: str | None, items: str | list[dict[str, Any]]) -
                 )
             content = _text(item.output, f"input[{index}]")
             turns.append({"role": "tool", "content": content, "tool_call_id": item.call_id})
+    return turns
+
+
+def chat_messages(instructions: str | None, turns: list[dict[str, Any]]) -> list[ChatMessage]:
     if not any(t["role"] != "system" for t in turns):
         raise InvalidRequestError("input has no message to respond to", param="input")
-    return _validated(turns)
+    system = [{"role": "system", "content": instructions}] if instructions else []
+    return _validated([*system, *turns])
 
 
 def _validated(turns: list[dict[str, Any]]) -> list[ChatMessage]:
+    turns = list(turns)
     # `instructions` and leading system / developer messages are one system message: many
     # templates take a system message only first (others raise: a 400 for a valid request)
     while len(turns) > 1 and turns[0]["role"] == turns[1]["role"] == "system":
