@@ -113,4 +113,25 @@ class AlertEvent(Base):
     fingerprint: Mapped[str] = mapped_column(String(64), nullable=False)
 
 
-TABLE_NAMES = ("inference_log", "metric_samples", "alert_events")
+class StoredResponse(Base):
+    """A /v1/responses response kept with `store: true` (migration 0004): its final object and
+    the conversation it ends (chat turns, JSON), so `previous_response_id` continues it on any
+    replica sharing the database. `tenant` is the API key's tenant (`key-<n>`, "" without keys):
+    only the same tenant reads or deletes it. Retention prunes it by `ts` like every table."""
+
+    __tablename__ = "stored_responses"
+    __table_args__ = (
+        Index("ix_stored_responses_response_id", "response_id", unique=True),
+        Index("ix_stored_responses_ts", "ts"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    ts: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+    response_id: Mapped[str] = mapped_column(String(128), nullable=False)
+    tenant: Mapped[str] = mapped_column(String(64), nullable=False, default="")
+    model: Mapped[str] = mapped_column(String(256), nullable=False, default="")
+    response: Mapped[str] = mapped_column(Text, nullable=False)  # the response object, JSON
+    turns: Mapped[str] = mapped_column(Text, nullable=False)  # the conversation's turns, JSON
+
+
+TABLE_NAMES = ("inference_log", "metric_samples", "alert_events", "stored_responses")

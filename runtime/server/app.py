@@ -27,6 +27,7 @@ from runtime.server.edge.guard import Guard
 from runtime.server.errors import install_error_handlers
 from runtime.server.openai import routes as openai
 from runtime.server.openai import tokenize
+from runtime.server.responses import routes as responses
 from runtime.server.rollout import routes as rollout
 from runtime.server.rollout.wiring import attach_rollout, attach_rollout_sync
 from runtime.server.routes import admin, health, legacy
@@ -54,6 +55,7 @@ def create_app(settings: Settings | None = None, *, state: ServerState | None = 
     app.include_router(
         anthropic.router, dependencies=messages_key_dependencies(state.settings.api_keys)
     )
+    app.include_router(responses.router, dependencies=api_key_dependencies(state.settings.api_keys))
     app.include_router(admin.router)
     app.include_router(rollout.router)
     app.state.rollout = attach_rollout(state)  # canary weights, promotion, automatic rollback

@@ -118,6 +118,8 @@ def _operation(path: str) -> str:
         return "chat"
     if is_messages_path(path):
         return "messages"
+    if path.startswith("/v1/responses"):
+        return "responses"
     return "embeddings" if path.endswith("/embeddings") else "text_completion"
 
 

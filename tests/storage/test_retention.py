@@ -5,7 +5,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import Engine, insert, select
 
-from storage.models import AlertEvent, InferenceLog, MetricSample
+from storage.models import AlertEvent, InferenceLog, MetricSample, StoredResponse
 from storage.retention import prune
 
 
@@ -35,9 +35,16 @@ def test_prune_deletes_only_rows_older_than_retention(engine: Engine) -> None:
                     }
                 ],
             )
+            stored = {"ts": ts, "response_id": f"resp_{i}", "tenant": "", "model": "m"}
+            conn.execute(insert(StoredResponse), [{**stored, "response": "{}", "turns": "[]"}])
     num_old = sum(age > 30 for age in ages_days)
     deleted = prune(engine, retention_days=30, batch_size=4, now=now)  # several batches
-    assert deleted == {"inference_log": num_old, "metric_samples": num_old, "alert_events": num_old}
+    assert deleted == {
+        "inference_log": num_old,
+        "metric_samples": num_old,
+        "alert_events": num_old,
+        "stored_responses": num_old,
+    }
     with engine.connect() as conn:
         kept = sorted(conn.execute(select(InferenceLog.request_id)).scalars())
         assert kept == sorted(f"r{i}" for i, age in enumerate(ages_days) if age <= 30)

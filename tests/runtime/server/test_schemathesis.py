@@ -83,7 +83,28 @@ def _steer(body: Any, path: str, mode: GenerationMode) -> Any:
     _steer_cross_field(body)
     if mode == GenerationMode.POSITIVE:  # a negative body stays as generated
         _fit_the_context(body)
+    if path == "/v1/responses":
+        _steer_responses(body, mode)
     return body
+
+
+def _steer_responses(body: dict[str, Any], mode: GenerationMode) -> None:
+    """/v1/responses: input items, tools and text.format are objects checked item by item (an
+    unknown item type is a 400 naming it: tests/runtime/server/test_responses_hostile.py), and
+    stored-state fields are refused (stateless); a positive body keeps to a short string input."""
+    value = body.get("max_output_tokens")
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > MAX_NEW_TOKENS:
+        body["max_output_tokens"] = MAX_NEW_TOKENS
+    if mode != GenerationMode.POSITIVE:
+        return
+    body.setdefault("max_output_tokens", MAX_NEW_TOKENS)
+    for key in ("text", "store", "previous_response_id", "conversation", "background"):
+        body.pop(key, None)
+    if not isinstance(body.get("input"), str) or not body["input"]:
+        body["input"] = "hi"
+    body["input"] = body["input"][:200]
+    if isinstance(body.get("instructions"), str):
+        body["instructions"] = body["instructions"][:200]
 
 
 def _steer_cross_field(body: dict[str, Any]) -> None:
