@@ -3,11 +3,11 @@ in an LRU bounded by measured bytes.
 
 `GrammarCache.get(spec, tenant)` returns a `Future[Compiled]` at once: a hit is an already-done
 future, a miss queues the compile in the pool under the tenant's share (the engine loop thread
-never waits for it, see runtime.engine.grammar_wait). Requests asking for the same constraint while it compiles
-share one future (the second counts as a hit); when the last of them ends before the compile
-does (`release`), the compile is dropped or its worker killed. The LRU is bounded by the heap
-bytes each compiled grammar holds here, measured in the worker (worker.py); only finished
-entries are evicted. Failures (a refused grammar, a budget run out) are never cached.
+never waits for it, see runtime.engine.grammar_wait). Requests asking for the same constraint
+while it compiles share one future (the second counts as a hit); when the last of them ends
+before the compile does (`release`), the compile is dropped or its worker killed. The LRU is
+bounded by the heap bytes each compiled grammar holds here, measured in the worker (worker.py);
+only finished entries are evicted. Failures (a refused grammar, a budget run out) are never cached.
 
 Counts: hit, miss, evict, timeout (a compile killed over its time or memory budget); they reach
 the metrics through each request's stats (hooks.record_outcome), never from here.

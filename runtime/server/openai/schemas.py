@@ -28,8 +28,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from runtime.engine.sampling.checks import MAX_LOGIT_BIAS, MAX_LOGPROBS, PENALTY_BOUNDS
 from runtime.engine.sampling import MAX_CHOICES
+from runtime.engine.sampling.checks import MAX_LOGIT_BIAS, MAX_LOGPROBS, PENALTY_BOUNDS
 from runtime.server.openai.features import (
     CHAT_LOGPROBS,
     COMPLETION_LOGPROBS,
