@@ -61,6 +61,10 @@ def cli() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: typed errors become `error: ...` on stderr and exit code 2."""
+    if argv is None:  # the process's own command line: `serve` may re-execute it on jemalloc
+        from runtime.memory.host_malloc import allow_reexec
+
+        allow_reexec()
     try:
         rc = cli.main(args=argv, standalone_mode=False)
         # in non-standalone mode click returns ctx.exit(code) values instead of exiting

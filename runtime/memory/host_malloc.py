@@ -35,6 +35,17 @@ MODES = ("auto", "jemalloc", "glibc")
 INSTALL_HINT = "apt-get install libjemalloc2"
 
 
+# Only the process's own command line may re-execute it: a `serve` invoked in-process (click's
+# CliRunner in tests, an embedding program) must never replace its host process.
+_reexec_allowed = False
+
+
+def allow_reexec() -> None:
+    """Called by the console entry point when it runs the process's own argv."""
+    global _reexec_allowed
+    _reexec_allowed = True
+
+
 class MallocUnavailable(RuntimeError):
     """`malloc = jemalloc` where no libjemalloc.so.2 is installed."""
 
@@ -97,7 +108,12 @@ def reexec_plan(
 
 def ensure_malloc(mode: str) -> str:
     """Re-execute this process on jemalloc when `mode` asks for it and it is installed (the
-    same pid, argv and environment plus LD_PRELOAD); returns the allocator in use otherwise."""
+    same pid, argv and environment plus LD_PRELOAD); returns the allocator in use otherwise.
+    Only after `allow_reexec()` (the console entry point)."""
+    if not _reexec_allowed:
+        if mode == "jemalloc" and loaded_malloc() != "jemalloc":
+            raise MallocUnavailable("malloc = jemalloc needs `fastllm serve` as its own process")
+        return loaded_malloc()
     plan = reexec_plan(mode, os.environ, library=find_jemalloc(), current=loaded_malloc())
     if plan is None:
         return loaded_malloc()

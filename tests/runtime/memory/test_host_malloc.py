@@ -69,3 +69,20 @@ def test_jemalloc_required_but_absent_or_broken_is_an_error() -> None:
 def test_unknown_mode_is_refused() -> None:
     with pytest.raises(ValueError, match="malloc must be one of"):
         reexec_plan("tcmalloc", {}, library=LIB, current="glibc")
+
+
+def test_in_process_serve_never_replaces_its_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the console entry point's allow_reexec (CliRunner, main(argv), an embedding
+    program) nothing is executed; insisting on jemalloc there is an error instead."""
+    import runtime.memory.host_malloc as host_malloc
+
+    def no_exec(*_: object) -> None:
+        raise AssertionError("execve called in-process")
+
+    monkeypatch.setattr(host_malloc, "_reexec_allowed", False)
+    monkeypatch.setattr(host_malloc.os, "execve", no_exec)
+    monkeypatch.setattr(host_malloc, "find_jemalloc", lambda: LIB)
+    monkeypatch.setattr(host_malloc, "loaded_malloc", lambda maps_text=None: "glibc")
+    assert host_malloc.ensure_malloc("auto") == "glibc"
+    with pytest.raises(MallocUnavailable, match="its own process"):
+        host_malloc.ensure_malloc("jemalloc")
