@@ -12,7 +12,6 @@ from runtime.cli.params import Bounded
 from runtime.config import load_settings
 from runtime.errors import ConfigError, ModelLoadError
 from runtime.memory.host_malloc import (
-    DEFAULT_MALLOC_CONF,
     INSTALL_HINT,
     MallocUnavailable,
     ensure_malloc,
@@ -139,9 +138,7 @@ def command(
             Tokenizer.from_dir(Path(path))  # its vocabulary and chat template: refused here
     preflight(settings)  # a setting that cannot work: one line and exit 2, not a traceback
     configure_logging(log_level)
-    if allocator == "jemalloc":
-        logging.getLogger("fastllm.server").info("malloc: jemalloc (%s)", DEFAULT_MALLOC_CONF)
-    elif settings.malloc == "auto":
+    if allocator != "jemalloc" and settings.malloc == "auto":
         logging.getLogger("fastllm.server").info(
             "malloc: glibc (RSS swings with the heap's high-water mark; %s to run on jemalloc)",
             INSTALL_HINT,
@@ -150,7 +147,7 @@ def command(
     base = f"http://{settings.host}:{settings.port}"
     click.echo(
         f"serving {settings.served_model_name} on {base}/v1 "
-        f"(status page: {base}/, metrics: {base}/metrics)",
+        f"(status page: {base}/, metrics: {base}/metrics; malloc: {allocator})",
         err=True,
     )
     rc = run_server(

@@ -11,14 +11,14 @@ from runtime.engine.stats import FailureReason
 from runtime.errors import EngineInternalError
 
 if TYPE_CHECKING:
-    from runtime.engine.core import EngineCore
+    from runtime.engine.core_view import CoreView
 
 __all__ = ["fail_batch", "fail_live", "recover_oom"]
 
 log = logging.getLogger("runtime.engine.core")  # where these were logged before the split
 
 
-def recover_oom(core: EngineCore, batch: SchedulerOutput, cause: Exception) -> None:
+def recover_oom(core: CoreView, batch: SchedulerOutput, cause: Exception) -> None:
     """Device memory ran out inside the forward (activations, not KV): preempt the newest
     running sequence (free its KV, requeue it for recompute) and retry the rest next step.
     A sequence alone in the batch cannot make room by waiting: it fails."""
@@ -34,7 +34,7 @@ def recover_oom(core: EngineCore, batch: SchedulerOutput, cause: Exception) -> N
     core.num_preemptions += 1
 
 
-def fail_live(core: EngineCore, cause: Exception) -> None:
+def fail_live(core: CoreView, cause: Exception) -> None:
     """Scheduling raised: fail every live request (its state is no longer trusted) with a
     typed error, free what can be freed, and keep the loop running for new requests."""
     log.error("engine scheduling failed; failing %d live requests", len(core.seqs), exc_info=cause)
@@ -50,7 +50,7 @@ def fail_live(core: EngineCore, cause: Exception) -> None:
             log.warning("could not release %s after the failure", seq.request_id)
 
 
-def fail_batch(core: EngineCore, batch: SchedulerOutput, cause: Exception) -> None:
+def fail_batch(core: CoreView, batch: SchedulerOutput, cause: Exception) -> None:
     message = f"engine step failed: {type(cause).__name__}: {cause}"
     for item in batch.items:
         error = EngineInternalError(message)

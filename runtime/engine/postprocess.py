@@ -15,12 +15,12 @@ from runtime.engine.stats import FinishReason, RequestEvent
 from runtime.errors import FastllmError
 
 if TYPE_CHECKING:
-    from runtime.engine.core import EngineCore
+    from runtime.engine.core_view import CoreView
 
 __all__ = ["empty_output", "push_token", "update_from_output"]
 
 
-def update_from_output(core: EngineCore, batch: SchedulerOutput, output: StepOutput) -> None:
+def update_from_output(core: CoreView, batch: SchedulerOutput, output: StepOutput) -> None:
     core.scheduler.update_from_output(batch)  # cursors, published pages, closed ones freed
     batch_size = len(batch.items)
     logprobs = output.logprobs
@@ -37,7 +37,7 @@ def update_from_output(core: EngineCore, batch: SchedulerOutput, output: StepOut
 
 
 def _fork(
-    core: EngineCore, seq: Sequence, forked: dict[int, tuple[int, TokenLogprob | None]]
+    core: CoreView, seq: Sequence, forked: dict[int, tuple[int, TokenLogprob | None]]
 ) -> None:
     assert seq.features is not None and seq.features.choice is not None
     forks, seq.features.choice.pending_forks = seq.features.choice.pending_forks, []
@@ -54,9 +54,7 @@ def _fork(
         push_token(core, fork, *token)
 
 
-def push_token(
-    core: EngineCore, seq: Sequence, token_id: int, logprob: TokenLogprob | None
-) -> None:
+def push_token(core: CoreView, seq: Sequence, token_id: int, logprob: TokenLogprob | None) -> None:
     """A sampled token into the sequence, its stop check and its handle."""
     seq.output_token_ids.append(token_id)
     if len(seq.output_token_ids) == 1:

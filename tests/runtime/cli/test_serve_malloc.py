@@ -62,4 +62,4 @@ def test_serve_maps_jemalloc_by_default(
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     assert ("libjemalloc" in maps) is expected, out
-    assert ("malloc: jemalloc" in out) is expected, out
+    assert ("malloc: jemalloc)" in out) is expected, out  # the "serving ..." line says which
