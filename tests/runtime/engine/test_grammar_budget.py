@@ -21,7 +21,7 @@ from runtime.engine.constraints.worker import heap_bytes
 from runtime.errors import ServiceUnavailable
 from runtime.models.tokenizer import Tokenizer
 
-SLOW = "." * 3000  # seconds to compile here; a budget of 0.5 s stops it
+SLOW = "." * 20000  # ~10 s to compile on an idle machine here; the tests' budgets stop it
 FAST = "ab"
 
 
@@ -39,9 +39,17 @@ def is_gone(pid: int) -> bool:
 
 
 def ready(pool: CompilePool) -> list[int]:
-    """The workers' pids once all have started (a job runs through each slot first)."""
-    jobs = [pool.submit("regex", FAST, f"warm-{i}") for i in range(pool.limits.num_workers)]
-    wait([j.future for j in jobs], timeout=120)
+    """The workers' pids once all have started: warm-up rounds until every slot ran a job (a
+    slot whose worker is still forking can leave both jobs of a round to the other one)."""
+    deadline = time.monotonic() + 120
+    round_ = 0
+    while len(pool.worker_pids()) < pool.limits.num_workers and time.monotonic() < deadline:
+        round_ += 1
+        jobs = [
+            pool.submit("regex", "." * 200 + f"{round_}x{i}", f"warm-{i}")
+            for i in range(pool.limits.num_workers)
+        ]
+        wait([j.future for j in jobs], timeout=120)
     pids = pool.worker_pids()
     assert len(pids) == pool.limits.num_workers
     return pids
