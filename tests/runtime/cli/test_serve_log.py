@@ -5,22 +5,18 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from runtime.cli.serve import QUIET_AT_INFO, configure_logging
-from tests.fixtures.ready import fastllm_command, free_port, wait_ready
+from tests.fixtures.ready import serve_llama_once
 
 
 def test_startup_log_at_info_is_one_line_per_phase(
     demo_model_dir: Callable[[str], Path], tmp_path: Path
 ) -> None:
-    port = free_port()
     env = {
         **os.environ,
         "FASTLLM_DATABASE_URL": f"sqlite:///{tmp_path / 'fastllm.db'}",
@@ -28,25 +24,9 @@ def test_startup_log_at_info_is_one_line_per_phase(
         "FASTLLM_MODEL_NAME": "llama",
         "FASTLLM_ALERTS_INTERVAL_S": "1",  # several evaluator ticks while the server runs
     }
-    cmd = [
-        *fastllm_command(),
-        "serve",
-        "--model",
-        str(demo_model_dir("llama")),
-        "--port",
-        str(port),
-    ]
-    proc = subprocess.Popen(
-        cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    try:
-        assert wait_ready(f"http://127.0.0.1:{port}/ready", proc, timeout_s=120), "never ready"
-        body = {"model": "llama", "prompt": "hi", "max_tokens": 2}
-        response = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=60)
-        assert response.status_code == 200, response.text
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
+    with serve_llama_once(demo_model_dir("llama"), env, tmp_path) as served:
+        pass
+    out = served.output
     lines = out.splitlines()
     first_request = next(i for i, line in enumerate(lines) if "POST /v1/completions" in line)
     access = ' HTTP/1.1" '  # uvicorn's access lines (the readiness polls among them)
