@@ -294,11 +294,42 @@ class Settings(BaseSettings):
     grammar_max_rules: int = Field(1024, ge=1)
     grammar_max_grammar_bytes: int = Field(64 << 10, ge=1)
 
+    # --- per-request timings and priority scheduling (issue 38) ---------------------------------
+    enable_request_metrics: bool = Field(
+        False,
+        description="add a `metrics` object (queue, prefill, decode seconds, TTFT, mean "
+        "inter-token latency, tokens/s, cached prompt tokens) to every response body and final "
+        "stream event of /v1/completions, /v1/chat/completions, /v1/responses, /v1/messages",
+    )
+    scheduling_policy: str = Field(
+        "fcfs",
+        pattern="^(fcfs|priority)$",
+        description="fcfs: first come first served; priority: a request's `priority` (lower runs "
+        "first, FIFO within one) orders the waiting queue and picks who is preempted",
+    )
+    priority_aging_s: float = Field(
+        10.0,
+        ge=0.0,
+        description="priority policy: a waiting request gains one priority level per this many "
+        "seconds, so none starves; 0: no aging",
+    )
+    api_key_priorities: list[int] = Field(
+        default_factory=list,
+        description="default `priority` per API key, in api_keys' order (missing: 0)",
+    )
+
     @field_validator("api_keys", "rollout_peers", mode="before")
     @classmethod
     def _split_keys(cls, value: Any) -> Any:
         if isinstance(value, str):
             return [k.strip() for k in value.split(",") if k.strip()]
+        return value
+
+    @field_validator("api_key_priorities", mode="before")
+    @classmethod
+    def _split_priorities(cls, value: Any) -> Any:
+        if isinstance(value, str) and not value.lstrip().startswith("["):
+            return [int(k) for k in value.split(",") if k.strip()]
         return value
 
     @field_validator("device")

@@ -73,6 +73,19 @@ from runtime.memory.host_malloc import (
     "balanced (0.6-0.8, the default band) or throughput (0.9-1.0: within 10% of the best "
     "batch's tokens/s, longer steps)",
 )
+@click.option(
+    "--enable-request-metrics",
+    is_flag=True,
+    default=None,
+    help="a `metrics` object (queue/prefill/decode seconds, TTFT, inter-token latency, tokens/s) "
+    "in every response and final stream event",
+)
+@click.option(
+    "--scheduling-policy",
+    type=click.Choice(["fcfs", "priority"]),
+    default=None,
+    help="priority: a request's `priority` (lower first) orders the queue and preemption",
+)
 def command(
     model_path: Path | None,
     host: str | None,
@@ -87,6 +100,8 @@ def command(
     quantize_lm_head: bool | None,
     num_threads: int | None,
     batch_goal: str | None,
+    enable_request_metrics: bool | None,
+    scheduling_policy: str | None,
 ) -> None:
     """Serve a model over the OpenAI-compatible API until SIGTERM (then drain and exit 0).
 
@@ -117,6 +132,8 @@ def command(
         quantize_lm_head=quantize_lm_head,
         num_threads=num_threads,
         batch_goal=batch_goal,
+        enable_request_metrics=enable_request_metrics,
+        scheduling_policy=scheduling_policy,
     )
     allocator = _ensure_malloc(settings.malloc)  # may re-execute this process on jemalloc
     if "model_path" not in settings.model_fields_set:  # bare: the packaged real model if any

@@ -56,6 +56,8 @@ class EngineConfig:
     # root of the compiled step's on-disk caches, a directory per model under it; None:
     # $XDG_CACHE_HOME/fastllm/compile (runtime.models.fast.compile_cache)
     compile_cache_dir: Path | None = None
+    scheduling_policy: str = "fcfs"  # fcfs | priority (runtime.engine.priority)
+    priority_aging_s: float = 10.0  # priority policy: seconds waited per priority level gained
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_num_seqs <= self.max_num_seqs:
@@ -74,6 +76,10 @@ class EngineConfig:
             raise ConfigError("kv_block_size must be >= 1", param="kv_block_size")
         if self.request_timeout_s <= 0:
             raise ConfigError("request_timeout_s must be positive", param="request_timeout_s")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ConfigError(
+                "scheduling_policy must be fcfs or priority", param="scheduling_policy"
+            )
         self.batch_policy  # validates the band  # noqa: B018
         self.fast_path  # validates compile / cuda_graphs  # noqa: B018
 
@@ -113,6 +119,8 @@ class EngineConfig:
             "debug_leak_blocks_per_request": settings.debug_leak_blocks_per_request,
             "grammar": GrammarLimits.from_settings(settings),
             "compile_cache_dir": settings.compile_cache_dir,
+            "scheduling_policy": settings.scheduling_policy,
+            "priority_aging_s": settings.priority_aging_s,
         }
         fields.update(overrides)
         return cls(**fields)
@@ -142,4 +150,6 @@ class EngineConfig:
             max_queued_requests=self.max_queued_requests,
             max_queued_tokens=self.max_queued_tokens,
             reserve_full_sequence=self.kv_reserve_full_sequence,
+            scheduling_policy=self.scheduling_policy,
+            priority_aging_s=self.priority_aging_s,
         )

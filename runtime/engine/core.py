@@ -40,6 +40,7 @@ from runtime.engine.stats import (
     StepStats,
 )
 from runtime.engine.threads import StepThreads, apply_num_threads, step_threads_for
+from runtime.engine.timings import RequestMetrics
 from runtime.errors import FastllmError, RequestTimeout
 from runtime.memory.host_heap import HeapTrimmer, set_mmap_threshold
 
@@ -145,11 +146,13 @@ class EngineCore:
             output = postprocess.empty_output(seq, finished_reason, error)
         if seq.request_id not in self.in_flight:
             self.scheduler.finish(seq)  # KV back before the caller sees the end of the stream
+        record = seq.stats if seq.group is None else seq.group.closed(seq)
+        if record is not None and seq.request.report_metrics:  # on the request's last output
+            output.metrics = RequestMetrics.of(record, seq.request.priority)
         if self.final_outputs is not None:  # pushed once the step's stats are recorded
             self.final_outputs.append((seq.handle, output))
         else:
             seq.handle.push(output)
-        record = seq.stats if seq.group is None else seq.group.closed(seq)
         if record is not None:  # one record per request, when its last choice closes
             self.records.append(record)
         if self.on_close is not None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from runtime.engine.sampling import SamplingParams
 from runtime.engine.stats import FinishReason, RequestStats
+from runtime.engine.timings import RequestMetrics
 from runtime.errors import FastllmError, InvalidRequestError, RequestTimeout
 
 if TYPE_CHECKING:
@@ -47,6 +48,12 @@ class GenerationRequest:
     # who sent it (the API key's tenant, or the client's address without keys): its share of
     # the grammar compile workers (runtime.engine.constraints.pool); "": cache_salt stands in
     tenant: str = ""
+    # the final output carries the request's timings (`TokenOutput.metrics`): the server's
+    # enable_request_metrics; off, nothing is derived
+    report_metrics: bool = False
+    # scheduling priority, vLLM's: lower runs first (runtime.engine.priority); only read under
+    # the priority scheduling policy
+    priority: int = 0
 
 
 @dataclass
@@ -131,6 +138,8 @@ class TokenOutput:
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None
     cumulative_logprob: float | None = None
+    # on the request's last final output, when it asked (GenerationRequest.report_metrics)
+    metrics: RequestMetrics | None = None
 
     @property
     def is_final(self) -> bool:
@@ -313,6 +322,7 @@ def _join(request_id: str, outputs: list[TokenOutput]) -> TokenOutput:
             (o.prompt_logprobs for o in outputs if o.prompt_logprobs is not None), None
         ),
         cumulative_logprob=last.cumulative_logprob,
+        metrics=last.metrics,
     )
 
 

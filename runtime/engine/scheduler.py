@@ -32,6 +32,7 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from runtime.engine.priority import PriorityPolicy
 from runtime.engine.sequence import Sequence, SequenceStatus
 from runtime.engine.stats import RequestEvent, StepStats
 from runtime.memory.kv_cache import PrefixProbe, SequenceKV, TokenSlice
@@ -64,6 +65,9 @@ class SchedulerConfig:
     # benchmark only (bench.kv): emulate the pre-paging policy, pages for prompt + max_tokens
     # taken when a sequence is first scheduled
     reserve_full_sequence: bool = False
+    # "fcfs" | "priority": requests' `priority` orders the queue and preemption (priority.py)
+    scheduling_policy: str = "fcfs"
+    priority_aging_s: float = 10.0  # priority policy: seconds waited per level gained
 
 
 @dataclass
@@ -115,6 +119,9 @@ class Scheduler:
         self.num_holds = 0  # steps whose queue head found no KV room
         self.num_preemptions = 0
         self._num_admitted = 0
+        self.priority: PriorityPolicy | None = None  # None: FIFO queue, newest preempted
+        if config.scheduling_policy == "priority":
+            self.priority = PriorityPolicy(config.priority_aging_s)
 
     @property
     def num_waiting(self) -> int:
@@ -155,6 +162,8 @@ class Scheduler:
             if num_tokens > 0 and self._make_room(out, seq, num_tokens):
                 self._take(out, seq, num_tokens)
         budget = self._budget_left(out)  # a preempted victim's tokens are back in it
+        if self.priority is not None:
+            self.priority.order(self.waiting, time.time())
         while (
             self.waiting
             and budget > 0
@@ -167,6 +176,8 @@ class Scheduler:
             admitted = self._admit(seq, budget)
             if admitted is None:
                 self.num_holds += 1
+                if self.priority is not None:
+                    self._preempt_for(out, seq)
                 break  # hold the head: FIFO order, no overtaking
             budget -= admitted
             self._take(out, seq, admitted)
@@ -189,15 +200,29 @@ class Scheduler:
         assert seq.kv is not None
         while not self.kv.ensure(seq.kv, num_tokens):
             victim = self.running[-1]
-            for item in out.items:
-                if item.seq is victim:
-                    self._untake(out, item)
-                    break
-            self.preempt(victim)
-            out.num_preempted += 1
+            if self.priority is not None:  # the lowest priority, not the newest
+                victim = self.priority.victim(self.running, time.time())
+            self._preempt_taken(out, victim)
             if victim is seq:
                 return False
         return True
+
+    def _preempt_taken(self, out: SchedulerOutput, victim: Sequence) -> None:
+        """Preempt a running sequence, unscheduling it if this step already took it."""
+        for item in out.items:
+            if item.seq is victim:
+                self._untake(out, item)
+                break
+        self.preempt(victim)
+        out.num_preempted += 1
+
+    def _preempt_for(self, out: SchedulerOutput, seq: Sequence) -> None:
+        """Priority policy: the waiting head found no room; a running sequence of lower priority
+        gives up its pages (the head is admitted next step, ahead of the victim)."""
+        assert self.priority is not None
+        victim = self.priority.victim_for(seq, self.running, time.time())
+        if victim is not None:
+            self._preempt_taken(out, victim)
 
     def _admit(self, seq: Sequence, budget: int) -> int | None:
         """Start the queue head: KV from its longest cached prefix plus pages for its first

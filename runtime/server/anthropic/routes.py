@@ -47,6 +47,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Any:
         operation=OPERATION,
         user=body.user,
         constraint=prompt.constraint,
+        priority=body.priority,
     )
     message_id = "msg_" + request_id.removeprefix("msg-")
     stops = body.stop_sequences or []
@@ -74,6 +75,8 @@ async def create_message(body: MessagesRequest, request: Request) -> Any:
     result = reply.outcome(prompt.plan, out.text, out.finished_reason, stop)
     payload = message(result.content, (result.stop_reason, result.stop_sequence))
     payload["usage"] = reply.usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
+    if out.metrics is not None:  # enable_request_metrics
+        payload["metrics"] = out.metrics.as_dict()
     return JSONResponse(payload)  # as built: the response model only documents it
 
 

@@ -171,7 +171,10 @@ async def message_events(
             counts = usage(last.prompt_tokens, last.completion_tokens, last.cached_tokens)
             delta = {"stop_reason": stop_reason, "stop_sequence": stop_sequence}
             yield sse_event({"type": "message_delta", "delta": delta, "usage": counts})
-            yield sse_event({"type": "message_stop"})
+            stop_event: dict[str, Any] = {"type": "message_stop"}
+            if last.metrics is not None:  # enable_request_metrics: on the final event
+                stop_event["metrics"] = last.metrics.as_dict()
+            yield sse_event(stop_event)
     finally:
         if not handle.finished:
             cancel()  # the client went away mid-stream: free the request's KV now

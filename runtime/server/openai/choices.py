@@ -23,11 +23,12 @@ from starlette.requests import Request
 from runtime.engine.request import TokenOutput
 from runtime.engine.sampling import SamplingParams
 from runtime.engine.stats import FinishReason
+from runtime.engine.timings import RequestMetrics
 from runtime.errors import FastllmError, InvalidRequestError, RequestCancelled
 from runtime.server.errors import error_payload
 from runtime.server.openai import generate as gen
 from runtime.server.openai.generate import IndexedChunk, IndexedOutputsChunk
-from runtime.server.openai.streaming import DONE, sse
+from runtime.server.openai.streaming import DONE, sse, with_metrics
 
 
 @dataclass
@@ -46,6 +47,7 @@ class PromptResult:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0  # of every sequence run
+    metrics: RequestMetrics | None = None  # enable_request_metrics (on its last final output)
 
 
 async def _collect(sub: gen.Submitted, n: int) -> PromptResult:
@@ -60,6 +62,7 @@ async def _collect(sub: gen.Submitted, n: int) -> PromptResult:
         outputs.setdefault(out.index, []).append(out)
         if out.is_final:
             finals[out.index] = out
+            result.metrics = out.metrics or result.metrics
     for index, final in sorted(finals.items()):
         result.prompt_tokens, result.cached_tokens = final.prompt_tokens, final.cached_tokens
         result.completion_tokens += final.completion_tokens
@@ -142,6 +145,7 @@ class Choices:
             sum(r.prompt_tokens for r in results),
             sum(r.completion_tokens for r in results),
             sum(r.cached_tokens for r in results),
+            results[0].metrics if len(results) == 1 else None,  # one body, one request's
         )
 
 
@@ -198,6 +202,7 @@ async def choice_events(
     prompt_tokens = [0] * len(subs)
     cached_tokens = [0] * len(subs)
     completion: dict[tuple[int, int], int] = {}
+    metrics: dict[str, Any] | None = None  # enable_request_metrics, one prompt's: last chunk
 
     def usage_now() -> dict[str, Any]:
         return gen.usage(sum(prompt_tokens), sum(completion.values()), sum(cached_tokens))
@@ -233,18 +238,21 @@ async def choice_events(
                         )
                     yield sse(error_payload(error.message, error.error_type, code=error.code))
                     return
+                if last.metrics is not None and len(subs) == 1:
+                    metrics = last.metrics.as_dict()
                 if rich is not None:
                     payload = rich(p * n + j, outs, text, last.finished_reason)
                     if continuous_usage:
                         payload["usage"] = usage_now()
-                    yield sse(payload)
+                    yield sse(with_metrics(payload, metrics if last.metrics else None, usage))
                 elif text or last.finished_reason is not None:
                     payload = chunk(p * n + j, text, last.finished_reason)
                     if continuous_usage:
                         payload["usage"] = usage_now()
-                    yield sse(payload)
+                    yield sse(with_metrics(payload, metrics if last.metrics else None, usage))
         if usage is not None:
-            yield sse(usage(sum(prompt_tokens), sum(completion.values()), sum(cached_tokens)))
+            totals = usage(sum(prompt_tokens), sum(completion.values()), sum(cached_tokens))
+            yield sse(with_metrics(totals, metrics))
         yield DONE
     finally:
         for task in tasks:

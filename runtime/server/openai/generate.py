@@ -25,6 +25,7 @@ from runtime.engine.constraints import ConstraintSpec
 from runtime.engine.request import GenerationRequest, RequestHandle, TokenOutput, context_room
 from runtime.engine.sampling import SamplingParams
 from runtime.engine.stats import FinishReason
+from runtime.engine.timings import RequestMetrics
 from runtime.errors import Overloaded, RequestCancelled
 from runtime.server.anthropic.auth import authorization_of
 from runtime.server.openai.controls import control_fields
@@ -91,6 +92,7 @@ def submit(
     user: str | None,
     constraint: ConstraintSpec | None = None,
     cache_salt: str | None = None,
+    priority: int | None = None,
 ) -> Submitted:
     state = get_state(request)
     settings = state.settings
@@ -119,6 +121,10 @@ def submit(
         constraint=constraint,
         cache_salt=salt,
         tenant=tenant or f"client:{request.client.host if request.client else ''}",
+        report_metrics=settings.enable_request_metrics,
+        priority=key_priority(tenant, settings.api_key_priorities)
+        if priority is None
+        else priority,
     )
     if state.tenants is not None:
         state.tenants.expect(request_id, tenant)
@@ -129,6 +135,15 @@ def submit(
         raise
     request.state.engine_recorded = True
     return Submitted(request_id, int(time.time()), route, handle)
+
+
+def key_priority(tenant: str | None, priorities: list[int]) -> int:
+    """The default `priority` of the API key `key-<n>` (api_key_priorities, in api_keys' order);
+    0 without keys or past the list."""
+    if tenant is None or not priorities or not tenant.startswith("key-"):
+        return 0
+    index = int(tenant.removeprefix("key-")) - 1
+    return priorities[index] if 0 <= index < len(priorities) else 0
 
 
 async def join(request: Request, submitted: Submitted) -> TokenOutput:
@@ -209,6 +224,7 @@ class Joined:
     prompt_tokens: int  # each prompt's once
     completion_tokens: int  # of every sequence run (those best_of left out included)
     cached_tokens: int
+    metrics: RequestMetrics | None = None  # enable_request_metrics: the body's `metrics`
 
     def usage(self, count_completion: bool = True) -> dict[str, Any]:
         """`count_completion` False: max_tokens 0 with echo (the sampled token is left out)."""
@@ -267,4 +283,6 @@ class Single:
     async def join(self, request: Request) -> Joined:
         out = await join(request, self.submitted)
         choice = Finished(0, out.text, out.finished_reason, [out])
-        return Joined([choice], out.prompt_tokens, out.completion_tokens, out.cached_tokens)
+        return Joined(
+            [choice], out.prompt_tokens, out.completion_tokens, out.cached_tokens, out.metrics
+        )

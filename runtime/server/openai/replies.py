@@ -4,9 +4,9 @@ The request bodies and the error body are in runtime.server.openai.schemas."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from runtime.server.openai.logprobs import ChatLogprobs, CompletionLogprobs
 from runtime.server.openai.structured import ToolCall
@@ -24,6 +24,10 @@ __all__ = [
     "PromptTokensDetails",
     "Usage",
 ]
+
+# present only with enable_request_metrics (runtime.engine.timings.RequestMetrics: queue, prefill
+# and decode seconds, TTFT, mean inter-token latency, tokens/s, cached prompt tokens)
+_M = "extension (enable_request_metrics): this request's timings"
 
 
 class PromptTokensDetails(BaseModel):
@@ -52,6 +56,7 @@ class CompletionResponse(BaseModel):
     choices: list[CompletionChoice]
     usage: Usage | None = None
     system_fingerprint: str | None = None
+    metrics: dict[str, Any] | None = Field(None, exclude_if=lambda v: v is None, description=_M)
 
 
 class AssistantMessage(BaseModel):
@@ -75,6 +80,7 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: Usage
     system_fingerprint: str | None = None
+    metrics: dict[str, Any] | None = Field(None, exclude_if=lambda v: v is None, description=_M)
 
 
 class Embedding(BaseModel):

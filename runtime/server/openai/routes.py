@@ -117,6 +117,8 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
     payload = base()
     payload["choices"] = [choice(c) for c in joined.choices]
     payload["usage"] = joined.usage(counted)
+    if joined.metrics is not None:  # enable_request_metrics
+        payload["metrics"] = joined.metrics.as_dict()
     return payload
 
 
@@ -185,6 +187,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     payload["object"] = "chat.completion"
     payload["choices"] = [choice(c) for c in joined.choices]
     payload["usage"] = joined.usage()
+    if joined.metrics is not None:  # enable_request_metrics
+        payload["metrics"] = joined.metrics.as_dict()
     return payload
 
 
@@ -207,6 +211,7 @@ def _start(
         user=body.user,
         constraint=constraint,
         cache_salt=body.cache_salt,
+        priority=body.priority,
     )
     if body.features.choices:
         best_of = getattr(body, "best_of", None)  # completions only

@@ -97,6 +97,12 @@ def _penalty(default: float, name: str, description: str | None = None) -> Any:
     return Field(default, ge=low, le=high, description=description)
 
 
+PRIORITY = (
+    "extension (as vLLM): with scheduling_policy=priority, lower runs first (FIFO within a "
+    "priority); default: the API key's (api_key_priorities), else 0"
+)
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
@@ -124,6 +130,7 @@ class _Sampling(_Request, StructuredFields):
         max_length=256,
         description="extension (as vLLM): only requests with the same salt share cached prefixes",
     )
+    priority: int | None = Field(None, ge=-(1 << 31), le=(1 << 31) - 1, description=PRIORITY)
     # sampling controls (runtime.engine.logits; runtime.server.openai.controls maps them)
     # their bounds are the engine's (runtime.engine.sampling.checks.PENALTY_BOUNDS)
     presence_penalty: float = _penalty(0.0, "presence_penalty")

@@ -88,6 +88,7 @@ async def token_events(
     every chunk from its outputs instead (one per wake-up, also when the text is held back, so
     each token's logprobs go out with the chunk of that token)."""
     prompt_tokens = completion_tokens = cached_tokens = 0
+    metrics: dict[str, Any] | None = None  # enable_request_metrics: on the last data chunk
     text_event = text_event_builder(chunk)
     try:
         if first is not None:
@@ -107,15 +108,27 @@ async def token_events(
                     yield text_event(text) if rich is None else sse(rich(outputs, text, None))
                 yield sse(error_payload(error.message, error.error_type, code=error.code))
                 return
+            if last.metrics is not None:
+                metrics = last.metrics.as_dict()
             if rich is not None:
-                yield sse(rich(outputs, text, last.finished_reason))
+                yield sse(with_metrics(rich(outputs, text, last.finished_reason), metrics, usage))
             elif last.finished_reason is not None:
-                yield sse(chunk(text, last.finished_reason))
+                yield sse(with_metrics(chunk(text, last.finished_reason), metrics, usage))
             elif text:
                 yield text_event(text)
         if usage is not None:
-            yield sse(usage(prompt_tokens, completion_tokens, cached_tokens))
+            yield sse(with_metrics(usage(prompt_tokens, completion_tokens, cached_tokens), metrics))
         yield DONE
     finally:
         if not handle.finished:
             cancel()  # the client went away mid-stream: free the request's KV now
+
+
+def with_metrics(
+    payload: dict[str, Any], metrics: dict[str, Any] | None, then: object = None
+) -> dict[str, Any]:
+    """The chunk with the request's `metrics`, unless a later chunk (`then`: the usage chunk)
+    carries them."""
+    if metrics is not None and then is None:
+        payload["metrics"] = metrics
+    return payload

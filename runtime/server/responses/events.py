@@ -199,6 +199,8 @@ async def response_events(
                 )
                 if on_final is not None:
                     await on_final(snapshot)
+                if last.metrics is not None:  # enable_request_metrics (not stored)
+                    snapshot = {**snapshot, "metrics": last.metrics.as_dict()}
                 yield event(f"response.{status}", response=snapshot)
                 return
     finally:

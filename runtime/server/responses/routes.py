@@ -115,6 +115,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Any:
             operation="responses",
             user=body.user,
             constraint=constraint,
+            priority=body.priority,
         )
     except InvalidRequestError as exc:  # the engine names completions' fields
         exc.param = {"max_tokens": "max_output_tokens", "prompt": "input"}.get(
@@ -145,6 +146,8 @@ async def create_response(body: ResponsesRequest, request: Request) -> Any:
     snapshot = draft.snapshot(status, output, usage=usage(out), completed_at=completed_at)
     if save is not None:
         await save(snapshot)
+    if out.metrics is not None:  # enable_request_metrics (not stored with the response)
+        snapshot = {**snapshot, "metrics": out.metrics.as_dict()}
     return snapshot
 
 

@@ -17,7 +17,7 @@ from runtime.engine.request import RequestHandle
 from runtime.engine.stats import FinishReason
 from runtime.errors import FastllmError, RequestCancelled
 from runtime.server.errors import error_payload
-from runtime.server.openai.streaming import DONE, sse
+from runtime.server.openai.streaming import DONE, sse, with_metrics
 from runtime.server.openai.tools.parse import OPEN_TAG, new_call_id, parse_tool_calls
 from runtime.server.openai.tools.plan import ToolPlan
 
@@ -64,18 +64,21 @@ async def tool_events(
     base: Callable[[], dict[str, Any]],
     usage: Callable[[int, int, int], dict[str, Any]] | None = None,
 ) -> AsyncIterator[bytes]:
-    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+    def chunk(
+        delta: dict[str, Any], finish_reason: str | None = None, metrics: Any = None
+    ) -> bytes:
         payload = base()
         payload["choices"] = [
             {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
         ]
-        return sse(payload)
+        return sse(with_metrics(payload, metrics, usage))
 
     def arguments(index: int, text: str) -> dict[str, Any]:
         return {"tool_calls": [{"index": index, "function": {"arguments": text}}]}
 
     splitter = _Splitter(plan)
     counts = (0, 0, 0)
+    metrics: dict[str, Any] | None = None
     try:
         opening: dict[str, Any] = {"role": "assistant", "content": None if plan.name else ""}
         if plan.mode == "named":
@@ -100,10 +103,12 @@ async def tool_events(
             if error is not None:
                 yield sse(error_payload(error.message, error.error_type, code=error.code))
                 return
+            if last.metrics is not None:  # enable_request_metrics: on the last data chunk
+                metrics = last.metrics.as_dict()
             if last.finished_reason is not None:
-                yield chunk(*_final(plan, splitter, last.finished_reason))
+                yield chunk(*_final(plan, splitter, last.finished_reason), metrics)
         if usage is not None:
-            yield sse(usage(*counts))
+            yield sse(with_metrics(usage(*counts), metrics))
         yield DONE
     finally:
         if not handle.finished:
