@@ -328,8 +328,8 @@ class Settings(BaseSettings):
     @field_validator("api_key_priorities", mode="before")
     @classmethod
     def _split_priorities(cls, value: Any) -> Any:
-        if isinstance(value, str) and not value.lstrip().startswith("["):
-            return [int(k) for k in value.split(",") if k.strip()]
+        if isinstance(value, str):  # "2,-1" or "[2, -1]" (a flag, the environment)
+            return [k.strip() for k in value.strip().strip("[]").split(",") if k.strip()]
         return value
 
     @field_validator("device")
