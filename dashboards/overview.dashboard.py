@@ -12,6 +12,7 @@ from dashboards.common import (
     prom,
     quantiles,
 )
+from dashboards.endpoint_panels import ENDPOINT_ROW
 from dashboards.structured_panels import STRUCTURED_ROW
 
 SUCCESS = f"sum(rate(fastllm_request_success_total{{{MODEL_SEL}}}[{RATE}]))"
@@ -257,5 +258,6 @@ dashboard = make_dashboard(
             ],
         ),
         STRUCTURED_ROW,
+        ENDPOINT_ROW,
     ],
 )

@@ -75,10 +75,26 @@ ALLOCATOR_STATES: tuple[str, ...] = ("in_use", "cached")
 ALLOCATOR_EVENTS: tuple[str, ...] = ("hit", "miss", "evict", "release")
 VERIFIED_OPS: tuple[str, ...] = ("logit", "geglu", "swiglu", "rms_norm", "rotary", "attention")
 KV_PAGE_STATES: tuple[str, ...] = ("used", "cached", "free")
+# `endpoint` label of the request metrics (counters, latency histograms): the API a request came
+# through, from its gen_ai.operation.name; an operation outside the table counts as "other"
+ENDPOINT_OF_OPERATION: dict[str, str] = {
+    "text_completion": "completions",
+    "chat": "chat",
+    "responses": "responses",
+    "messages": "messages",
+    "embeddings": "embeddings",
+}
+ENDPOINTS: tuple[str, ...] = (*ENDPOINT_OF_OPERATION.values(), "other")
+
+
+def endpoint_of(operation: str) -> str:
+    return ENDPOINT_OF_OPERATION.get(operation, "other")
+
 
 DEFAULT_BATCH_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512)
 
 _MV = ("model", "version")
+_MVE = ("model", "version", "endpoint")  # the request metrics
 
 
 @dataclass
@@ -169,50 +185,50 @@ class FastllmMetrics:
             time_to_first_token=Histogram(
                 "fastllm_time_to_first_token_seconds",
                 "Time from admission to the first generated token.",
-                _MV,
+                _MVE,
                 buckets=lat,
                 registry=r,
             ),
             time_per_output_token=Histogram(
                 "fastllm_time_per_output_token_seconds",
                 "Mean time per output token after the first.",
-                _MV,
+                _MVE,
                 buckets=lat,
                 registry=r,
             ),
             e2e_request_latency=Histogram(
                 "fastllm_e2e_request_latency_seconds",
                 "Time from admission to the end of the request.",
-                _MV,
+                _MVE,
                 buckets=lat,
                 registry=r,
             ),
             request_queue=Histogram(
                 "fastllm_request_queue_seconds",
                 "Time from admission to the first schedule.",
-                _MV,
+                _MVE,
                 buckets=lat,
                 registry=r,
             ),
             prompt_tokens=Counter(
-                "fastllm_prompt_tokens_total", "Prompt tokens processed.", _MV, registry=r
+                "fastllm_prompt_tokens_total", "Prompt tokens processed.", _MVE, registry=r
             ),
             generation_tokens=Counter(
                 "fastllm_generation_tokens_total",
                 "Tokens generated (every choice's).",
-                _MV,
+                _MVE,
                 registry=r,
             ),
             request_success=Counter(
                 "fastllm_request_success_total",
                 "Requests that ended normally, by finished_reason.",
-                [*_MV, "finished_reason"],
+                [*_MVE, "finished_reason"],
                 registry=r,
             ),
             request_failure=Counter(
                 "fastllm_request_failure_total",
                 "Requests that failed, by reason.",
-                [*_MV, "reason"],
+                [*_MVE, "reason"],
                 registry=r,
             ),
             allocator_bytes=Gauge(
@@ -300,12 +316,6 @@ class FastllmMetrics:
             self.batch_size_limit,
             self.num_requests_running,
             self.num_requests_waiting,
-            self.time_to_first_token,
-            self.time_per_output_token,
-            self.e2e_request_latency,
-            self.request_queue,
-            self.prompt_tokens,
-            self.generation_tokens,
             self.kv_cache_usage,
             self.prefix_cache_queries,
             self.prefix_cache_hits,
@@ -315,10 +325,20 @@ class FastllmMetrics:
             metric.labels(model, version)
         for state in KV_PAGE_STATES:
             self.kv_cache_pages.labels(model, version, state)
-        for reason in FINISHED_REASONS:
-            self.request_success.labels(model, version, reason)
-        for reason in FAILURE_REASONS:
-            self.request_failure.labels(model, version, reason)
+        for endpoint in ENDPOINTS:
+            for metric in (
+                self.time_to_first_token,
+                self.time_per_output_token,
+                self.e2e_request_latency,
+                self.request_queue,
+                self.prompt_tokens,
+                self.generation_tokens,
+            ):
+                metric.labels(model, version, endpoint)
+            for reason in FINISHED_REASONS:
+                self.request_success.labels(model, version, endpoint, reason)
+            for reason in FAILURE_REASONS:
+                self.request_failure.labels(model, version, endpoint, reason)
         for op in VERIFIED_OPS:
             self.operator_anomalies.labels(model, version, op)
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 from prometheus_client import Histogram
 
-from monitoring.metrics import ALLOCATOR_EVENTS, FastllmMetrics
+from monitoring.metrics import ALLOCATOR_EVENTS, FastllmMetrics, endpoint_of
 from runtime.engine.stats import (
     AllocatorStats,
     FailureReason,
@@ -255,7 +255,7 @@ class PrometheusSink:
 
     def _record_request(self, r: RequestStats) -> None:
         m = self.metrics
-        labels = self._labels(r.model, r.version)
+        labels = (*self._labels(r.model, r.version), endpoint_of(r.operation))
         m.prompt_tokens.labels(*labels).inc(r.prompt_tokens)
         m.generation_tokens.labels(*labels).inc(r.completion_tokens)
         if r.failure_reason is not None:

@@ -13,6 +13,7 @@ from tests.monitoring import synthetic as syn
 
 BUCKETS = [0.001, 0.01, 0.1, 1.0, 10.0]
 MV = {"model": syn.MODEL, "version": syn.VERSION}
+MVE = {**MV, "endpoint": "completions"}  # the request metrics: synthetic requests are completions
 
 
 @pytest.fixture
@@ -29,42 +30,72 @@ def test_token_counters_equal_the_sums(sink: PrometheusSink) -> None:
     requests = syn.random_requests(25, seed=7, t0=1000.0)
     sink.record(finished=requests[:10])
     sink.record(finished=requests[10:])
-    assert value(sink, "fastllm_prompt_tokens_total", **MV) == sum(
+    assert value(sink, "fastllm_prompt_tokens_total", **MVE) == sum(
         r.prompt_tokens for r in requests
     )
-    assert value(sink, "fastllm_generation_tokens_total", **MV) == sum(
+    assert value(sink, "fastllm_generation_tokens_total", **MVE) == sum(
         r.completion_tokens for r in requests
     )
     for reason in ("stop", "length", "cancelled"):
         expected = sum(r.finished_reason == reason for r in requests)
         assert (
-            value(sink, "fastllm_request_success_total", **MV, finished_reason=reason) == expected
+            value(sink, "fastllm_request_success_total", **MVE, finished_reason=reason) == expected
         )
-    assert value(sink, "fastllm_e2e_request_latency_seconds_count", **MV) == len(requests)
-    assert value(sink, "fastllm_e2e_request_latency_seconds_sum", **MV) == pytest.approx(
+    assert value(sink, "fastllm_e2e_request_latency_seconds_count", **MVE) == len(requests)
+    assert value(sink, "fastllm_e2e_request_latency_seconds_sum", **MVE) == pytest.approx(
         sum(r.e2e_seconds or 0.0 for r in requests)
     )
     # TTFT of every synthetic request is 0.05 s: all land in the 0.1 bucket, none in 0.01
-    assert value(sink, "fastllm_time_to_first_token_seconds_bucket", **MV, le="0.01") == 0
-    assert value(sink, "fastllm_time_to_first_token_seconds_bucket", **MV, le="0.1") == 25
+    assert value(sink, "fastllm_time_to_first_token_seconds_bucket", **MVE, le="0.01") == 0
+    assert value(sink, "fastllm_time_to_first_token_seconds_bucket", **MVE, le="0.1") == 25
 
 
 def test_validation_failure_counts_without_latency(sink: PrometheusSink) -> None:
-    assert value(sink, "fastllm_request_failure_total", **MV, reason="validation") == 0
+    assert value(sink, "fastllm_request_failure_total", **MVE, reason="validation") == 0
     sink.record(finished=[syn.rejected_request("bad-1", ts=5.0)])
     sink.record(finished=[syn.rejected_request("bad-2", "timeout", ts=6.0)])
-    assert value(sink, "fastllm_request_failure_total", **MV, reason="validation") == 1
-    assert value(sink, "fastllm_request_failure_total", **MV, reason="timeout") == 1
+    assert value(sink, "fastllm_request_failure_total", **MVE, reason="validation") == 1
+    assert value(sink, "fastllm_request_failure_total", **MVE, reason="timeout") == 1
     # the rejected request never entered the engine; the timed-out one did
-    assert value(sink, "fastllm_e2e_request_latency_seconds_count", **MV) == 1
+    assert value(sink, "fastllm_e2e_request_latency_seconds_count", **MVE) == 1
 
 
 def test_unknown_model_does_not_grow_labels(sink: PrometheusSink) -> None:
     bad = syn.rejected_request("bad", ts=1.0)
     bad.model = "attacker-chosen-name"
     sink.record(finished=[bad])
-    labels = {"model": "unknown", "version": "unknown", "reason": "validation"}
+    labels = {"model": "unknown", "version": "unknown", "endpoint": "completions"}
+    labels["reason"] = "validation"
     assert value(sink, "fastllm_request_failure_total", **labels) == 1
+
+
+@pytest.mark.parametrize(
+    ("operation", "endpoint"),
+    [
+        ("text_completion", "completions"),
+        ("chat", "chat"),
+        ("responses", "responses"),
+        ("messages", "messages"),
+        ("embeddings", "embeddings"),
+        ("attacker-chosen", "other"),
+    ],
+)
+def test_request_metrics_are_labelled_by_endpoint(
+    sink: PrometheusSink, operation: str, endpoint: str
+) -> None:
+    request = syn.random_requests(1, seed=3, t0=1000.0)[0]
+    request.operation = operation
+    sink.record(finished=[request])
+    labels = {**MV, "endpoint": endpoint}
+    assert value(sink, "fastllm_prompt_tokens_total", **labels) == request.prompt_tokens
+    assert value(sink, "fastllm_e2e_request_latency_seconds_count", **labels) == 1
+    others = [e for e in ("completions", "chat", "responses", "messages") if e != endpoint]
+    for other in others:  # pre-initialised at zero, untouched
+        assert value(sink, "fastllm_e2e_request_latency_seconds_count", **MV, endpoint=other) == 0
+    assert value(sink, "fastllm_e2e_request_latency_seconds_count", **MV, endpoint=operation) in (
+        None,
+        1.0 if operation == endpoint else None,
+    )  # no series for a label value outside the table
 
 
 def test_step_maps_scheduler_state_and_allocator_deltas(sink: PrometheusSink) -> None:

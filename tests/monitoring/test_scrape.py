@@ -17,6 +17,8 @@ from tests.fixtures.prometheus import PromHandle, check_metrics
 from tests.monitoring import synthetic as syn
 
 # Transcribed from the DESIGN.md contract table: name -> (type, label names besides model/version).
+# The request metrics (tokens, success/failure, latency histograms) carry `endpoint` too (issue
+# 38): completions | chat | responses | messages | embeddings | other.
 # `fastllm_memory_total` is exposed untyped (see monitoring/samplers.py): promtool rejects a gauge
 # whose name ends in `_total`, and the name is fixed by the operations guide.
 CONTRACT: dict[str, tuple[str, set[str]]] = {
@@ -28,14 +30,17 @@ CONTRACT: dict[str, tuple[str, set[str]]] = {
     "fastllm_batch_size_limit": ("gauge", {"model", "version"}),
     "fastllm_num_requests_running": ("gauge", {"model", "version"}),
     "fastllm_num_requests_waiting": ("gauge", {"model", "version"}),
-    "fastllm_time_to_first_token_seconds": ("histogram", {"model", "version"}),
-    "fastllm_time_per_output_token_seconds": ("histogram", {"model", "version"}),
-    "fastllm_e2e_request_latency_seconds": ("histogram", {"model", "version"}),
-    "fastllm_request_queue_seconds": ("histogram", {"model", "version"}),
-    "fastllm_prompt_tokens_total": ("counter", {"model", "version"}),
-    "fastllm_generation_tokens_total": ("counter", {"model", "version"}),
-    "fastllm_request_success_total": ("counter", {"model", "version", "finished_reason"}),
-    "fastllm_request_failure_total": ("counter", {"model", "version", "reason"}),
+    "fastllm_time_to_first_token_seconds": ("histogram", {"model", "version", "endpoint"}),
+    "fastllm_time_per_output_token_seconds": ("histogram", {"model", "version", "endpoint"}),
+    "fastllm_e2e_request_latency_seconds": ("histogram", {"model", "version", "endpoint"}),
+    "fastllm_request_queue_seconds": ("histogram", {"model", "version", "endpoint"}),
+    "fastllm_prompt_tokens_total": ("counter", {"model", "version", "endpoint"}),
+    "fastllm_generation_tokens_total": ("counter", {"model", "version", "endpoint"}),
+    "fastllm_request_success_total": (
+        "counter",
+        {"model", "version", "endpoint", "finished_reason"},
+    ),
+    "fastllm_request_failure_total": ("counter", {"model", "version", "endpoint", "reason"}),
     "fastllm_allocator_bytes": ("gauge", {"tier", "state"}),
     "fastllm_allocator_events_total": ("counter", {"tier", "event"}),
     "fastllm_operator_anomalies_total": ("counter", {"model", "version", "op"}),
@@ -134,14 +139,17 @@ def test_real_prometheus_scrape(
     assert allocator[0].value == pytest.approx(4 * 1024 * 6 / (64 << 20))
 
     mv = f'{{model="{syn.MODEL}",version="{syn.VERSION}"}}'
-    assert prom.query(f"fastllm_prompt_tokens_total{mv}")[0].value == sum(
+    assert prom.query(f"sum(fastllm_prompt_tokens_total{mv})")[0].value == sum(
         r.prompt_tokens for r in requests
     )
-    assert prom.query(f"fastllm_generation_tokens_total{mv}")[0].value == sum(
+    assert prom.query(f"sum(fastllm_generation_tokens_total{mv})")[0].value == sum(
         r.completion_tokens for r in requests
     )
-    failures = prom.query('fastllm_request_failure_total{reason="validation"}')
-    assert [s.value for s in failures] == [1.0]
+    failures = prom.query('sum by (endpoint) (fastllm_request_failure_total{reason="validation"})')
+    by_endpoint = {s.labels["endpoint"]: s.value for s in failures}
+    assert by_endpoint.pop("completions") == 1.0  # the synthetic rejected request's
+    assert set(by_endpoint) == {"chat", "responses", "messages", "embeddings", "other"}
+    assert set(by_endpoint.values()) == {0.0}
     assert prom.query("sum(fastllm_request_success_total)")[0].value == len(requests)
 
     # Later traffic shows up in the next scrape (the registry is live, not a snapshot).
@@ -149,7 +157,7 @@ def test_real_prometheus_scrape(
     feed(mon, more, start_step=len(requests))
     scale[0] = 9
     prom.wait_for_scrape()
-    assert prom.query(f"fastllm_prompt_tokens_total{mv}")[0].value == sum(
+    assert prom.query(f"sum(fastllm_prompt_tokens_total{mv})")[0].value == sum(
         r.prompt_tokens for r in requests + more
     )
     assert prom.query('fastllm_memory_usage{type="allocator"}')[0].value == 9 * 1024 * 6

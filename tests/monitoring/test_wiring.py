@@ -94,7 +94,7 @@ def test_create_monitoring_wires_build_info_and_sinks() -> None:
     # GPM exists on CUDA Hopper+ only: on CPU the tensor-activity series is absent, not faked
     assert b"fastllm_device_tensor_active_ratio" not in mon.render()
     # the served (model, version) is visible at zero before any traffic
-    zero = {"model": "m", "version": "v1", "reason": "overloaded"}
+    zero = {"model": "m", "version": "v1", "endpoint": "chat", "reason": "overloaded"}
     assert registry.get_sample_value("fastllm_request_failure_total", zero) == 0
     fan_out = FanOut(mon.sinks)
     fan_out.record(finished=[syn.rejected_request("x", ts=time.time())])

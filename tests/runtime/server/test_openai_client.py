@@ -132,8 +132,15 @@ def test_typed_errors(client: openai.OpenAI, served: LiveServer) -> None:
 def test_validation_failures_are_counted(served: LiveServer, client: openai.OpenAI) -> None:
     def failures() -> float:
         text = httpx.get(f"{served.url}/metrics").text
-        line = 'fastllm_request_failure_total{model="llama",reason="validation",version="stable"}'
-        return float(next(row.split()[-1] for row in text.splitlines() if row.startswith(line)))
+        rows = [
+            f'fastllm_request_failure_total{{endpoint="{endpoint}",model="llama",'
+            'reason="validation",version="stable"}'
+            for endpoint in ("completions", "chat")  # the counters are labelled by endpoint
+        ]
+        return sum(
+            float(next(row.split()[-1] for row in text.splitlines() if row.startswith(line)))
+            for line in rows
+        )
 
     before = failures()
     with pytest.raises(openai.BadRequestError):

@@ -100,6 +100,7 @@ def test_faulty_canary_is_rolled_back_automatically(
         assert _value(samples, "fastllm_rollout_rollbacks_total", **labels) == 1.0
         assert _value(samples, "fastllm_rollout_canary_weight", model=MODEL) == 0.0
         failed = {"model": MODEL, "version": "canary", "reason": "internal"}
+        failed["endpoint"] = "completions"
         assert _value(samples, "fastllm_request_failure_total", **failed) >= 10
         events = _wait_for(
             lambda: MetricStore(url_db).alert_events(alertname="FastllmCanaryRolledBack")
