@@ -55,6 +55,10 @@ CONTRACT_METRIC_NAMES: tuple[str, ...] = (
     "fastllm_grammar_cache_events_total",
     # the compiled decode step (runtime.models.fast): 1 once it fell back to the eager forward
     "fastllm_compile_fallbacks",
+    # per request priority (monitoring.priority_metrics)
+    "fastllm_priority_requests_total",
+    "fastllm_priority_request_queue_seconds",
+    "fastllm_priority_time_to_first_token_seconds",
 )
 
 OPTIONAL_METRIC_NAMES: tuple[str, ...] = (

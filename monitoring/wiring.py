@@ -19,6 +19,7 @@ from monitoring.device_activity import (
     nvml_busy_source,
 )
 from monitoring.metrics import FastllmMetrics
+from monitoring.priority_metrics import PriorityMetrics, PrioritySink
 from monitoring.prometheus_sink import PrometheusSink
 from monitoring.samplers import MemoryCollector, gpu_memory_source
 from monitoring.structured_metrics import StructuredMetrics, StructuredOutputSink
@@ -43,12 +44,13 @@ class Monitoring:
     tracer_provider: TracerProvider
     tracing: TracingSink
     structured: StructuredOutputSink | None = None  # grammar metrics (structured output)
+    priority: PrioritySink | None = None  # metrics per request priority
 
     content_type = CONTENT_TYPE_LATEST
 
     @property
     def sinks(self) -> list[StatsSink]:
-        extra = [self.structured] if self.structured is not None else []
+        extra: list[StatsSink] = [s for s in (self.structured, self.priority) if s is not None]
         return [self.prometheus, self.tracing, *extra]
 
     def asgi_app(self) -> Any:
@@ -130,4 +132,5 @@ def create_monitoring(
         tracer_provider=provider,
         tracing=TracingSink(provider),
         structured=StructuredOutputSink(StructuredMetrics.create(registry), models),
+        priority=PrioritySink(PriorityMetrics.create(registry, settings.latency_buckets_s), models),
     )

@@ -92,6 +92,7 @@ def validate_request(
         traceparent=request.traceparent,
         constraint="none" if request.constraint is None else constraint_hooks.label(request),
         logprobs=params.logprobs is not None or params.prompt_logprobs is not None,
+        priority=request.priority,
     )
     return ValidatedRequest(request, ids, stats, deadline=time.monotonic() + timeout_s)
 

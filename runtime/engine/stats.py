@@ -115,6 +115,7 @@ class RequestStats:
     operation: str = "text_completion"  # gen_ai.operation.name: text_completion | chat | embeddings
     # W3C trace context of the incoming request (a `traceparent` header value), if any
     traceparent: str | None = None
+    priority: int = 0  # the request's scheduling priority (runtime.engine.priority)
     events: list[tuple[RequestEvent, float]] = field(default_factory=list)
 
     @property

@@ -27,6 +27,8 @@ HISTOGRAMS = {
     "fastllm_e2e_request_latency_seconds",
     "fastllm_request_queue_seconds",
     "fastllm_grammar_compile_seconds",
+    "fastllm_priority_request_queue_seconds",
+    "fastllm_priority_time_to_first_token_seconds",
 }
 
 
@@ -104,15 +106,16 @@ def test_live_runtime_scrape(
         assert 0.0 < fraction[0].value < 1.0
 
         mv = f'model="{MODEL}",version="stable"'
-        assert prom.query(f"fastllm_prompt_tokens_total{{{mv}}}")[0].value == prompt_tokens
-        assert prom.query(f"fastllm_generation_tokens_total{{{mv}}}")[0].value == generated_tokens
+        assert prom.query(f"sum(fastllm_prompt_tokens_total{{{mv}}})")[0].value == prompt_tokens
+        generated = prom.query(f"sum(fastllm_generation_tokens_total{{{mv}}})")
+        assert generated[0].value == generated_tokens
         success = prom.query(f"sum(fastllm_request_success_total{{{mv}}})")
         assert success[0].value == num_requests
         failures = prom.query('sum(fastllm_request_failure_total{reason="validation"})')
         assert failures[0].value == 1
         others = prom.query('sum(fastllm_request_failure_total{reason!="validation"})')
         assert others[0].value == 0
-        e2e = prom.query(f"fastllm_e2e_request_latency_seconds_count{{{mv}}}")
+        e2e = prom.query(f"sum(fastllm_e2e_request_latency_seconds_count{{{mv}}})")
         assert e2e[0].value == pytest.approx(num_requests)
 
     # the incoming W3C traceparent became the parent of that request's SERVER span

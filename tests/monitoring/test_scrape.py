@@ -59,6 +59,12 @@ CONTRACT: dict[str, tuple[str, set[str]]] = {
     "fastllm_grammar_incomplete_total": ("counter", {"model", "version"}),
     "fastllm_grammar_cache_events_total": ("counter", {"model", "version", "event"}),
     "fastllm_compile_fallbacks": ("gauge", {"model", "version"}),
+    "fastllm_priority_requests_total": ("counter", {"model", "version", "priority"}),
+    "fastllm_priority_request_queue_seconds": ("histogram", {"model", "version", "priority"}),
+    "fastllm_priority_time_to_first_token_seconds": (
+        "histogram",
+        {"model", "version", "priority"},
+    ),
 }
 
 
