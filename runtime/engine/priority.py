@@ -7,6 +7,8 @@ nothing here runs: the scheduler keeps its plain FIFO queue and newest-first pre
 Aging keeps low priorities from starving: a sequence's effective priority drops by one level per
 `aging_s` seconds since it was queued (`RequestStats.queued_ts`, kept across preemptions), so
 any request waits at most about (its priority - the best one) x aging_s behind later arrivals.
+Running sequences age the same way (from when they were queued), so a long-running one is
+protected from preemption by newer requests of a better priority in the same measure.
 
     key(seq) = (priority - waited_s / aging_s, arrival_index)    smaller key: runs first
 """

@@ -15,6 +15,9 @@ Each step:
      room the head of the queue is held (nobody overtakes it, so nobody starves); nobody is
      admitted in a step that had to preempt.
 `preempt` is also what the engine calls when a forward runs out of device memory elsewhere.
+Under `scheduling_policy="priority"` (runtime.engine.priority) the queue is ordered by priority
+(lower first, FIFO within one, with aging) before admission, the victim is the lowest-priority
+running sequence instead of the newest, and a held head preempts a lower-priority running one.
 
 The scheduler owns the KV bookkeeping (as vLLM's scheduler and nano-vllm's do): `schedule()`
 takes pages (a new sequence's only once `probe` says they are there: admission never allocates
