@@ -164,3 +164,12 @@ def test_a_streamed_tool_call_carries_them(app: tuple[InProcess, RecordingSink])
     events = _events(server, "/v1/chat/completions", body)
     assert [i for i, e in enumerate(events) if "metrics" in e] == [len(events) - 1]
     _check(events[-1]["metrics"], _record(sink, events[-1]["id"]))
+
+
+def test_several_streamed_choices_carry_them_once(app: tuple[InProcess, RecordingSink]) -> None:
+    server, sink = app
+    body = {**CHAT, "n": 2, "temperature": 0.8, "seed": 1, "stream": True}
+    events = _events(server, "/v1/chat/completions", body)
+    carrying = [e for e in events if "metrics" in e]
+    assert len(carrying) == 1 and carrying[0]["choices"][0]["finish_reason"] is not None
+    _check(carrying[0]["metrics"], _record(sink, events[0]["id"]))
