@@ -1,18 +1,19 @@
-"""Priority scheduling under load: the TTFT of high-priority requests that arrive while the engine
-is saturated with low-priority ones, against those low-priority ones, FIFO and priority policy
-in the same run.
+"""Priority scheduling under load: the TTFT of a high-priority request against a low-priority one
+sent at the same moment, while the engine is saturated with low-priority work; FIFO and priority
+policy in the same run.
 
     python -m bench.priority [--quick] [--device cpu|cuda] [--cache-dir DIR]
 
-An in-process engine on the tiny demo llama with its batch pinned at 4 sequences: 24 (quick) or
-48 low-priority requests (priority 10, 32 tokens each) are queued at once; once the run is under
-way, 4 high-priority ones (priority 0, the same size) arrive one after another, mid-decode: the
-i-th when the (4 i)-th low one is half done. Every request reports its own timings
-(`report_metrics`: the engine's RequestStats, as `enable_request_metrics` puts them in a
-response), so TTFT is admission to first token. The same workload runs under
+An in-process engine on the tiny demo llama with its batch pinned at 4 sequences: 32 (quick) or
+64 low-priority requests (priority 10, 32 tokens each) are queued at once. Four times during the
+run (when low request 0, 4, 8, 12 is three quarters done: mid-decode, not as a slot frees) a pair
+arrives together: a high-priority request (priority 0) and a low-priority probe (priority 10),
+the same size. Every request reports its own timings (`report_metrics`: the engine's
+RequestStats, as `enable_request_metrics` puts them in a response), so TTFT is admission to
+first token. Each run first warms its engine up with one batch. The same workload runs under
 `scheduling_policy=fcfs`, then `priority`.
-Target: under priority, p50 TTFT high / p50 TTFT low <= 0.2, and every request finishes (no
-starvation). The FIFO run's ratio is printed beside it for reference.
+Target: under priority, p50 TTFT of the high ones / p50 TTFT of their probes <= 0.2, and every
+request finishes (no starvation). Under fcfs the same ratio reads about 1 (the reference).
 The last line is one JSON object.
 """
 
@@ -31,14 +32,18 @@ from runtime.engine.request import GenerationRequest
 from runtime.engine.sampling import SamplingParams
 from runtime.engine.timings import RequestMetrics
 
-BATCH, TOKENS, PROMPT_TOKENS, NUM_HIGH, EVERY = 4, 32, 16, 4, 4
+BATCH, TOKENS, PROMPT_TOKENS = 4, 32, 16
+ARRIVALS = (0, 4, 8, 12)  # a pair arrives when each of these low requests is 3/4 done
 LOW, HIGH = 10, 0
 TARGET_RATIO = 0.2
 
 
 @dataclass
 class Outcome:
-    ttft: dict[int, list[float]] = field(default_factory=lambda: {LOW: [], HIGH: []})
+    # TTFT seconds by kind: "high", "probe" (low, sent with a high one), "bulk" (queued at start)
+    ttft: dict[str, list[float]] = field(
+        default_factory=lambda: {"high": [], "probe": [], "bulk": []}
+    )
     num_finished: int = 0
     num_submitted: int = 0
 
@@ -69,37 +74,41 @@ def run(model: Path, device: str, policy: str, num_low: int) -> Outcome:
     engine.load()
     params = SamplingParams(max_tokens=TOKENS, temperature=0.0, ignore_eos=True)
     outcome = Outcome()
+    arrivals = {i: asyncio.Event() for i in ARRIVALS}
 
-    # a high one arrives mid-decode (when a low one is half done), not as a slot frees
-    halfway = {(i + 1) * EVERY: asyncio.Event() for i in range(NUM_HIGH)}
-
-    async def one(rid: str, priority: int, first: int, index: int = -1) -> None:
+    async def one(rid: str, kind: str, first: int, index: int = -1) -> None:
         prompt = list(range(first, first + PROMPT_TOKENS))
+        priority = HIGH if kind == "high" else LOW
         request = GenerationRequest(
             rid, prompt, params, report_metrics=True, priority=priority, timeout_s=600
         )
-        outcome.num_submitted += 1
         handle = engine.submit(request)
+        if kind == "warm-up":
+            await handle.aresult()
+            return
+        outcome.num_submitted += 1
         num_tokens = 0
         async for outputs in handle.batches():
             num_tokens += sum(len(o.token_ids) for o in outputs)
-            if index in halfway and num_tokens >= TOKENS // 2:
-                halfway[index].set()
+            if index in arrivals and num_tokens >= TOKENS * 3 // 4:
+                arrivals[index].set()
         out = await handle.aresult()
         assert isinstance(out.metrics, RequestMetrics) and out.metrics.ttft_seconds is not None
-        outcome.ttft[priority].append(out.metrics.ttft_seconds)
+        outcome.ttft[kind].append(out.metrics.ttft_seconds)
         outcome.num_finished += 1
 
     async def main() -> None:
-        tasks.extend(
-            asyncio.ensure_future(one(f"low{i}", LOW, 4 + (7 * i) % 380, i)) for i in range(num_low)
-        )
-        for i, event in enumerate(halfway.values()):
+        await asyncio.gather(*(one(f"warm{i}", "warm-up", 300 + i) for i in range(BATCH)))
+        tasks = [
+            asyncio.ensure_future(one(f"low{i}", "bulk", 4 + (7 * i) % 380, i))
+            for i in range(num_low)
+        ]
+        for k, event in enumerate(arrivals.values()):
             await event.wait()
-            tasks.append(asyncio.ensure_future(one(f"high{i}", HIGH, 420 + 20 * i)))
+            tasks.append(asyncio.ensure_future(one(f"high{k}", "high", 420 + 20 * k)))
+            tasks.append(asyncio.ensure_future(one(f"probe{k}", "probe", 430 + 20 * k)))
         await asyncio.gather(*tasks)
 
-    tasks: list[asyncio.Future[None]] = []
     try:
         asyncio.run(main())
     finally:
@@ -113,24 +122,25 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
     args = parser.parse_args()
-    num_low = 24 if args.quick else 48
+    num_low = 32 if args.quick else 64
     model = tiny_model(args.cache_dir)
     summary: dict[str, object] = {"bench": "priority", "device": args.device, "quick": args.quick}
     ratios: dict[str, float] = {}
     all_finished = True
+    expected = num_low + 2 * len(ARRIVALS)
     for policy in ("fcfs", "priority"):
         outcome = run(model, args.device, policy, num_low)
-        high, low = statistics.median(outcome.ttft[HIGH]), statistics.median(outcome.ttft[LOW])
-        ratios[policy] = high / low
-        done = outcome.num_finished == outcome.num_submitted == num_low + NUM_HIGH
-        all_finished = all_finished and done
+        p50 = {kind: statistics.median(times) for kind, times in outcome.ttft.items()}
+        ratios[policy] = p50["high"] / p50["probe"]
+        all_finished = all_finished and outcome.num_finished == outcome.num_submitted == expected
         print(
-            f"{policy}: p50 TTFT high {high * 1e3:.0f} ms, low {low * 1e3:.0f} ms, "
-            f"ratio {ratios[policy]:.3f}; finished {outcome.num_finished}/{outcome.num_submitted}",
+            f"{policy}: p50 TTFT high {p50['high'] * 1e3:.0f} ms, low sent with it "
+            f"{p50['probe'] * 1e3:.0f} ms (ratio {ratios[policy]:.3f}), low queued at start "
+            f"{p50['bulk'] * 1e3:.0f} ms; finished {outcome.num_finished}/{outcome.num_submitted}",
             flush=True,
         )
-        summary[f"{policy}_ttft_p50_high_s"] = round(high, 4)
-        summary[f"{policy}_ttft_p50_low_s"] = round(low, 4)
+        for kind, seconds in p50.items():
+            summary[f"{policy}_ttft_p50_{kind}_s"] = round(seconds, 4)
         summary[f"{policy}_ttft_ratio"] = round(ratios[policy], 4)
     summary["all_finished"] = all_finished
     summary["target_ratio"] = TARGET_RATIO
