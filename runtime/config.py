@@ -294,6 +294,18 @@ class Settings(BaseSettings):
     grammar_max_rules: int = Field(1024, ge=1)
     grammar_max_grammar_bytes: int = Field(64 << 10, ge=1)
 
+    # --- heavy work off the event loop (runtime.server.offload, runtime.server.prompts) --------
+    # threads rendering chat templates, tokenizing long prompts and serialising large responses
+    offload_workers: int = Field(4, ge=1, le=64)
+    # a non-streamed completion whose largest possible response (choices × tokens × logprobs
+    # alternatives) passes this is a 400 before it runs
+    max_response_bytes: int = Field(64 << 20, ge=1 << 16)
+    # --- checkpoint chat templates (runtime.models.template_sandbox) ---------------------------
+    chat_template_timeout_s: float = Field(1.0, gt=0.0, le=60.0, description="per render")
+    chat_template_max_output_chars: int = Field(4 << 20, ge=1 << 10)
+    chat_template_max_memory_bytes: int = Field(512 << 20, ge=64 << 20, description="per worker")
+    chat_template_workers: int = Field(2, ge=1, le=64, description="renders at once")
+
     @field_validator("api_keys", "rollout_peers", mode="before")
     @classmethod
     def _split_keys(cls, value: Any) -> Any:
