@@ -15,7 +15,7 @@ import asyncio
 import functools
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -70,9 +70,37 @@ async def maybe_off_loop(size: int, fn: Callable[..., T], /, *args: Any, **kwarg
 
 
 def json_bytes(payload: Any) -> bytes:
-    """The JSON body as Starlette's JSONResponse renders it."""
-    text = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    return text.encode("utf-8")
+    """The JSON body as Starlette's JSONResponse renders it, encoded a piece at a time: one
+    `json.dumps` of a 100 MB payload is one C call that holds the GIL, and so the event loop,
+    for seconds; pieces of a choice's logprobs each hold it for microseconds."""
+    return "".join(_pieces(payload, _SPLIT_DEPTH)).encode("utf-8")
+
+
+# containers this deep and above are written element by element (payload, choices, a choice,
+# its logprobs, their per-token lists); below, a whole element is one dumps
+_SPLIT_DEPTH = 5
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def _pieces(value: Any, depth: int) -> Iterator[str]:
+    if depth == 0 or not isinstance(value, (dict, list)) or not value:
+        yield _dumps(value)
+    elif isinstance(value, list):
+        yield "["
+        for i, item in enumerate(value):
+            if i:
+                yield ","
+            yield from _pieces(item, depth - 1)
+        yield "]"
+    else:
+        yield "{"
+        for i, (key, item) in enumerate(value.items()):
+            yield ("," if i else "") + _dumps(str(key)) + ":"
+            yield from _pieces(item, depth - 1)
+        yield "}"
 
 
 async def json_response(build: Callable[[], Any]) -> Response:

@@ -7,6 +7,7 @@ a guard so such a failure ends instead of hanging the suite)."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -212,3 +213,29 @@ def test_the_size_estimate_is_a_lower_bound_of_the_real_response(app: InProcess)
     assert reply.status_code == 200, reply.text
     estimate = chat_shape(n=3, max_tokens=10, logprobs=True, top_logprobs=4).estimate_bytes
     assert estimate <= len(reply.content) <= 8 * estimate
+
+
+def test_the_piecewise_json_is_the_standard_librarys() -> None:
+    payload = {
+        "id": "cmpl-1",
+        "choices": [
+            {
+                "index": i,
+                "text": 'h\u00e9llo "x"\n',
+                "logprobs": {
+                    "tokens": ["a", "\u4e2d"],
+                    "token_logprobs": [None, -0.5],
+                    "top_logprobs": [None, {"a": -0.1, "b": -2.25}],
+                    "text_offset": [0, 1],
+                },
+                "finish_reason": "length",
+            }
+            for i in range(3)
+        ],
+        "usage": {"prompt_tokens": 2, "details": {}},
+        "empty": [],
+    }
+    standard = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    assert offload.json_bytes(payload) == standard.encode("utf-8")
+    with pytest.raises(ValueError):
+        offload.json_bytes({"choices": [{"logprob": float("nan")}]})
