@@ -305,6 +305,12 @@ class Settings(BaseSettings):
     chat_template_max_output_chars: int = Field(4 << 20, ge=1 << 10)
     chat_template_max_memory_bytes: int = Field(512 << 20, ge=64 << 20, description="per worker")
     chat_template_workers: int = Field(2, ge=1, le=64, description="renders at once")
+    # --- fair share of the batch (runtime.engine.fair_share) ---------------------------------
+    # while its sequences run, one API request (a batch's prompts and choices) / one tenant holds
+    # at most this fraction of the batch's sequence cap, so the next request finds a slot; the
+    # waiting queue admits the least-served tenant and request first
+    max_request_batch_share: float = Field(0.75, gt=0.0, le=1.0)
+    max_tenant_batch_share: float = Field(1.0, gt=0.0, le=1.0)
 
     @field_validator("api_keys", "rollout_peers", mode="before")
     @classmethod

@@ -8,6 +8,7 @@ from typing import Any
 
 from runtime.engine.batching.controller import BatchPolicyConfig
 from runtime.engine.constraints.limits import GrammarLimits
+from runtime.engine.fair_share import ShareConfig
 from runtime.engine.scheduler import SchedulerConfig
 from runtime.errors import ConfigError
 from runtime.memory.host_heap import MMAP_THRESHOLD_MAX
@@ -56,6 +57,10 @@ class EngineConfig:
     # root of the compiled step's on-disk caches, a directory per model under it; None:
     # $XDG_CACHE_HOME/fastllm/compile (runtime.models.fast.compile_cache)
     compile_cache_dir: Path | None = None
+    # fair share (runtime.engine.fair_share): one API request's / one tenant's sequences hold at
+    # most this fraction of the batch's sequence cap while they run; 1.0: unbounded
+    max_request_batch_share: float = 1.0
+    max_tenant_batch_share: float = 1.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_num_seqs <= self.max_num_seqs:
@@ -74,6 +79,9 @@ class EngineConfig:
             raise ConfigError("kv_block_size must be >= 1", param="kv_block_size")
         if self.request_timeout_s <= 0:
             raise ConfigError("request_timeout_s must be positive", param="request_timeout_s")
+        for name in ("max_request_batch_share", "max_tenant_batch_share"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ConfigError(f"{name} must be in (0, 1]", param=name)
         self.batch_policy  # validates the band  # noqa: B018
         self.fast_path  # validates compile / cuda_graphs  # noqa: B018
 
@@ -113,6 +121,8 @@ class EngineConfig:
             "debug_leak_blocks_per_request": settings.debug_leak_blocks_per_request,
             "grammar": GrammarLimits.from_settings(settings),
             "compile_cache_dir": settings.compile_cache_dir,
+            "max_request_batch_share": settings.max_request_batch_share,
+            "max_tenant_batch_share": settings.max_tenant_batch_share,
         }
         fields.update(overrides)
         return cls(**fields)
@@ -142,4 +152,5 @@ class EngineConfig:
             max_queued_requests=self.max_queued_requests,
             max_queued_tokens=self.max_queued_tokens,
             reserve_full_sequence=self.kv_reserve_full_sequence,
+            share=ShareConfig(self.max_request_batch_share, self.max_tenant_batch_share),
         )

@@ -47,6 +47,9 @@ class GenerationRequest:
     # who sent it (the API key's tenant, or the client's address without keys): its share of
     # the grammar compile workers (runtime.engine.constraints.pool); "": cache_salt stands in
     tenant: str = ""
+    # the API request it belongs to (a batch's prompts share it; None: its own): its share of
+    # the batch and its turn in the waiting queue (runtime.engine.fair_share)
+    group: str | None = None
 
 
 @dataclass

@@ -32,6 +32,7 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from runtime.engine.fair_share import FairShare, ShareConfig
 from runtime.engine.sequence import Sequence, SequenceStatus
 from runtime.engine.stats import RequestEvent, StepStats
 from runtime.memory.kv_cache import PrefixProbe, SequenceKV, TokenSlice
@@ -64,6 +65,7 @@ class SchedulerConfig:
     # benchmark only (bench.kv): emulate the pre-paging policy, pages for prompt + max_tokens
     # taken when a sequence is first scheduled
     reserve_full_sequence: bool = False
+    share: ShareConfig = field(default_factory=ShareConfig)  # runtime.engine.fair_share
 
 
 @dataclass
@@ -155,6 +157,7 @@ class Scheduler:
             if num_tokens > 0 and self._make_room(out, seq, num_tokens):
                 self._take(out, seq, num_tokens)
         budget = self._budget_left(out)  # a preempted victim's tokens are back in it
+        share = self._fair_share(max_num_seqs) if budget > 0 and not out.num_preempted else None
         while (
             self.waiting
             and budget > 0
@@ -164,10 +167,14 @@ class Scheduler:
             seq = self.waiting[0]
             if self.running and len(self.running) + seq.num_seqs > max_num_seqs:
                 break  # its choices would overrun the batch cap (alone, it may start)
+            if share is not None and share.is_over_share(seq):
+                break  # the least-served waiting group has its share: the rest wait too
             admitted = self._admit(seq, budget)
             if admitted is None:
                 self.num_holds += 1
                 break  # hold the head: FIFO order, no overtaking
+            if share is not None:
+                share.admitted(seq)
             budget -= admitted
             self._take(out, seq, admitted)
         out.batch_size_limit = max_num_seqs
@@ -178,6 +185,15 @@ class Scheduler:
             for item in out.items
         )
         return out
+
+    def _fair_share(self, max_num_seqs: int) -> FairShare | None:
+        """The waiting queue least-served first, and the shares (runtime.engine.fair_share);
+        None when nobody can be admitted this step anyway."""
+        if not self.waiting or len(self.running) >= max_num_seqs:
+            return None
+        share = FairShare(self.config.share, self.running, max_num_seqs)
+        share.order(self.waiting)
+        return share
 
     def _budget_left(self, out: SchedulerOutput) -> int:
         return self.config.max_num_batched_tokens - out.num_prefill_tokens - out.num_decode_tokens

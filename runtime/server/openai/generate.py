@@ -119,6 +119,7 @@ def submit(
         constraint=constraint,
         cache_salt=salt,
         tenant=tenant or f"client:{request.client.host if request.client else ''}",
+        group=getattr(request.state, "request_id", None),  # a batch's prompts: one group
     )
     if state.tenants is not None:
         state.tenants.expect(request_id, tenant)
