@@ -309,7 +309,7 @@ class Settings(BaseSettings):
     # while its sequences run, one API request (a batch's prompts and choices) / one tenant holds
     # at most this fraction of the batch's sequence cap, so the next request finds a slot; the
     # waiting queue admits the least-served tenant and request first
-    max_request_batch_share: float = Field(0.75, gt=0.0, le=1.0)
+    max_request_batch_share: float = Field(0.9, gt=0.0, le=1.0)
     max_tenant_batch_share: float = Field(1.0, gt=0.0, le=1.0)
 
     @field_validator("api_keys", "rollout_peers", mode="before")

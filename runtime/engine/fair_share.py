@@ -11,7 +11,8 @@ Two rules, applied by the scheduler only when it is about to admit from a waitin
    step's sequence cap while it has sequences running, so a slot stays free for the next
    request instead of waiting for the whole batch to end. A group with nothing running may
    always start (alone, it may fill the batch).
-Cost: one pass over the running sequences per step that admits, nothing on a step that cannot.
+Cost: one pass over the running sequences per step that admits and one over the waiting ones per
+admission; nothing on a step that admits nobody.
 """
 
 from __future__ import annotations
@@ -54,13 +55,16 @@ class FairShare:
         self.group_cap = max(1, int(config.max_request_share * max_num_seqs))
         self.tenant_cap = max(1, int(config.max_tenant_share * max_num_seqs))
 
-    def order(self, waiting: deque[Sequence]) -> None:
-        """Least-served first (rule 1), in place."""
+    def bring_forward(self, waiting: deque[Sequence]) -> None:
+        """The least-served waiting sequence (rule 1) to the head, the others in their order.
+        Called before each admission, as the counts move with it: after one prompt of a batch
+        starts, the next request's turn comes before the batch's next prompt."""
         if len(waiting) < 2:
             return
-        ranked = sorted(waiting, key=self._rank)
-        waiting.clear()
-        waiting.extend(ranked)
+        best = min(waiting, key=self._rank)  # the first of equals: FIFO among them
+        if best is not waiting[0]:
+            waiting.remove(best)
+            waiting.appendleft(best)
 
     def _rank(self, seq: Sequence) -> tuple[int, int, int, int, int]:
         ran_before = seq.stats.scheduled_ts is not None  # preempted: back first, as before

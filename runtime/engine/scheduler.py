@@ -164,6 +164,8 @@ class Scheduler:
             and len(self.running) < max_num_seqs
             and not out.num_preempted
         ):
+            if share is not None:
+                share.bring_forward(self.waiting)
             seq = self.waiting[0]
             if self.running and len(self.running) + seq.num_seqs > max_num_seqs:
                 break  # its choices would overrun the batch cap (alone, it may start)
@@ -187,13 +189,11 @@ class Scheduler:
         return out
 
     def _fair_share(self, max_num_seqs: int) -> FairShare | None:
-        """The waiting queue least-served first, and the shares (runtime.engine.fair_share);
-        None when nobody can be admitted this step anyway."""
+        """The running sequences per group and tenant (runtime.engine.fair_share); None when
+        nobody can be admitted this step anyway."""
         if not self.waiting or len(self.running) >= max_num_seqs:
             return None
-        share = FairShare(self.config.share, self.running, max_num_seqs)
-        share.order(self.waiting)
-        return share
+        return FairShare(self.config.share, self.running, max_num_seqs)
 
     def _budget_left(self, out: SchedulerOutput) -> int:
         return self.config.max_num_batched_tokens - out.num_prefill_tokens - out.num_decode_tokens

@@ -103,3 +103,13 @@ def test_a_preempted_sequence_comes_back_first_whatever_its_share() -> None:
     s.add(seq("chat", first=90))
     steps = run_step(s, 4)
     assert [rid for rid, _ in steps][-2:] == [victim.request_id, "chat"]
+
+
+def test_turns_alternate_as_a_step_admits() -> None:
+    """The counts move with each admission: after the batch's first prompt starts, the chat's
+    turn comes before the batch's second, although it arrived after all of them."""
+    s = scheduler()
+    for k in range(4):
+        s.add(seq(f"big-{k}", group="big", first=10 * k + 1))
+    s.add(seq("chat", first=90))
+    assert admitted(run_step(s, 8)) == ["big-0", "chat", "big-1", "big-2", "big-3"]
