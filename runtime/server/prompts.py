@@ -48,9 +48,9 @@ def check_prompt_chars(tokenizer: Tokenizer, num_chars: int, room: int | None, p
     longest = tokenizer.max_token_chars
     if longest is not None and num_chars > _NORMALIZER_SLACK * longest * room:
         raise InvalidRequestError(
-            f"prompt is {num_chars} characters: more than {room} tokens can hold with this "
-            f"model's tokenizer (at most {longest} characters a token), so it exceeds the "
-            "model's context",
+            f"prompt is too long: {num_chars} characters are more than {room} tokens can hold "
+            f"with this model's tokenizer (at most {longest} characters a token), so it "
+            "exceeds the model's context",
             param=param,
         )
 
@@ -73,8 +73,8 @@ def encode_bounded(
         head = tokenizer.encode(text[:head_chars], add_special_tokens=False)
         if len(head) > room + _HEAD_MARGIN_TOKENS:
             raise InvalidRequestError(
-                f"prompt exceeds this model's context: its first {head_chars} of {len(text)} "
-                f"characters are already {len(head)} tokens, and {room} fit",
+                f"prompt is too long: its first {head_chars} of {len(text)} characters are "
+                f"already {len(head)} tokens, and this model's context takes {room}",
                 param=param,
             )
     return tokenizer.encode(text, add_special_tokens=add_special_tokens)

@@ -140,6 +140,12 @@ def test_a_prompt_past_the_character_bound_is_refused_before_tokenizing(
     reply = app.client.post("/v1/chat/completions", json=chat, headers=AUTH)
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "messages"
     assert not any(length > 100_000 for length in encoded)
+    # and a Message: Anthropic's words, which clients read to compact their history
+    message = {"model": "llama", "max_tokens": 4, "messages": [{"role": "user", "content": prompt}]}
+    reply = app.client.post("/v1/messages", json=message, headers=AUTH)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["message"].startswith("prompt is too long")
+    assert not any(length > 100_000 for length in encoded)
 
 
 def test_a_response_past_max_response_bytes_is_refused_before_it_runs(
