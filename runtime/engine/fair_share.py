@@ -21,12 +21,16 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from runtime.engine.request import GenerationRequest
+
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from runtime.engine.sequence import Sequence
 
 __all__ = ["FairShare", "ShareConfig", "group_of"]
+
+_HAS_PRIORITY = hasattr(GenerationRequest, "priority")
 
 
 @dataclass(frozen=True)
@@ -53,22 +57,42 @@ class FairShare:
             self.groups[group_of(seq)] += 1
             self.tenants[_tenant_of(seq)] += 1
         self.group_cap = max(1, int(config.max_request_share * max_num_seqs))
+        self._scanned = False  # bring_forward: the queue was scanned this step
+        self._last_group = ""  # the group admitted last
         self.tenant_cap = max(1, int(config.max_tenant_share * max_num_seqs))
 
     def bring_forward(self, waiting: deque[Sequence]) -> None:
         """The least-served waiting sequence (rule 1) to the head, the others in their order.
         Called before each admission, as the counts move with it: after one prompt of a batch
-        starts, the next request's turn comes before the batch's next prompt."""
+        starts, the next request's turn comes before the batch's next prompt. The queue is
+        scanned at a step's first admission, then again only when the new head is of the group
+        just admitted (a queue of independent requests costs one scan a step)."""
         if len(waiting) < 2:
             return
-        best = min(waiting, key=self._rank)  # the first of equals: FIFO among them
-        if best is not waiting[0]:
+        head = waiting[0]
+        if self._scanned and group_of(head) != self._last_group:
+            return
+        self._scanned = True
+        head_rank = self._rank(head)
+        if head_rank[0] == 0 and (head_rank[1] == 0 or head_rank[2:4] == (0, 0)):
+            return  # nothing ranks before a returning sequence, or one of an idle client
+        best, best_rank, previous = head, head_rank, head.request.group
+        for seq in waiting:
+            group = seq.request.group
+            if group is not None and group == previous:
+                continue  # the next prompt of the same batch: it ranks after the one before
+            previous = group
+            rank = self._rank(seq)
+            if rank < best_rank:  # strictly: the first of equals, FIFO among them
+                best, best_rank = seq, rank
+        if best is not head:
             waiting.remove(best)
             waiting.appendleft(best)
 
     def _rank(self, seq: Sequence) -> tuple[int, int, int, int, int]:
         ran_before = seq.stats.scheduled_ts is not None  # preempted: back first, as before
-        priority = int(getattr(seq.request, "priority", 0) or 0)  # lower first (vLLM's)
+        # lower first (vLLM's), where requests carry one (a field another change may add)
+        priority = int(getattr(seq.request, "priority", 0) or 0) if _HAS_PRIORITY else 0
         return (
             priority,
             0 if ran_before else 1,
@@ -88,5 +112,6 @@ class FairShare:
         return bool(tenant) and tenant + seq.num_seqs > self.tenant_cap
 
     def admitted(self, seq: Sequence) -> None:
+        self._last_group = group_of(seq)
         self.groups[group_of(seq)] += seq.num_seqs
         self.tenants[_tenant_of(seq)] += seq.num_seqs
