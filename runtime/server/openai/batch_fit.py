@@ -10,8 +10,10 @@ queue is busy), is a 429 with nothing queued. The engine still checks each promp
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from runtime.engine.request import context_room
 from runtime.errors import InvalidRequestError, Overloaded
 
 
@@ -47,3 +49,35 @@ def check_batch_fits(
             f"this request needs {total}",
             retry_after_s=1.0,
         )
+
+
+def check_prompts_fit(
+    engine: Any, prompts: list[list[int]], max_tokens_of: Callable[[list[int]], int]
+) -> None:
+    """Each prompt of a batch against the context and the KV pool, before any is queued: the
+    engine refuses such a prompt too, but only once those before it run (and are cancelled)."""
+    loaded = engine.loaded
+    if len(prompts) < 2 or not loaded.is_causal_lm:
+        return
+    context = int(loaded.args.max_position_embeddings)
+    kv = engine.kv_cache_stats()
+    kv_tokens = kv.num_pages * kv.page_size if kv.num_pages and kv.page_size else None
+    for k, ids in enumerate(prompts):
+        room, max_tokens = context_room(context, len(ids)), max_tokens_of(ids)
+        if room <= 0:
+            raise InvalidRequestError(
+                f"prompt {k} is {len(ids)} tokens; this model's context is {context} tokens",
+                param="prompt",
+            )
+        if max_tokens > room:
+            raise InvalidRequestError(
+                f"prompt {k} ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds this "
+                f"model's context of {context} tokens",
+                param="max_tokens",
+            )
+        if kv_tokens is not None and len(ids) + max_tokens > kv_tokens:
+            raise InvalidRequestError(
+                f"prompt {k} + max_tokens ({len(ids) + max_tokens} tokens) does not fit in this "
+                f"server's KV cache ({kv_tokens} tokens)",
+                param="max_tokens",
+            )

@@ -27,7 +27,7 @@ from runtime.server.errors import ERROR_RESPONSES
 from runtime.server.offload import json_response
 from runtime.server.openai import choices
 from runtime.server.openai import generate as gen
-from runtime.server.openai.batch_fit import check_batch_fits
+from runtime.server.openai.batch_fit import check_batch_fits, check_prompts_fit
 from runtime.server.openai.choice_logprobs import ChatChoiceLogprobs, CompletionChoiceShapers
 from runtime.server.openai.controls import (
     chat_logprob_fields,
@@ -246,6 +246,7 @@ def _start(
         # the whole batch must be able to queue before any prompt of it is
         settings = get_state(request).settings
         check_batch_fits(route.engine, settings, prompts, params(prompts[0]).num_seqs)
+        check_prompts_fit(route.engine, prompts, lambda ids: params(ids).max_tokens)
         best_of = getattr(body, "best_of", None)  # completions only
         return choices.start(
             submit,

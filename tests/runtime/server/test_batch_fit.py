@@ -68,6 +68,31 @@ def test_a_batch_past_the_queue_is_a_400_with_one_row_and_nothing_queued(
     assert app.client.post("/v1/completions", json=fits, headers=AUTH).status_code == 200
 
 
+def test_a_batch_with_one_prompt_past_the_context_queues_none_of_it(
+    app: InProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = app.state.router.pick("llama").engine
+    context = int(engine.loaded.args.max_position_embeddings)
+    submitted: list[str] = []
+    real = engine.submit
+
+    def submit(request: Any) -> Any:
+        submitted.append(request.request_id)
+        return real(request)
+
+    monkeypatch.setattr(engine, "submit", submit)
+    too_long = list(range(3, 3 + context))
+    body = {"model": "llama", "prompt": [[5, 6, 7], [8, 9], too_long], "max_tokens": 2}
+    reply = app.client.post("/v1/completions", json=body, headers=AUTH)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == "prompt" and "prompt 2" in reply.text
+    body = {"model": "llama", "prompt": [[5, 6, 7], [8, 9]], "max_tokens": context - 2}
+    reply = app.client.post("/v1/completions", json=body, headers=AUTH)
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "max_tokens"
+    assert submitted == []
+    assert "cancelled" not in _statuses(app)
+
+
 def test_a_batch_the_busy_queue_cannot_take_now_is_a_429_with_nothing_queued() -> None:
     settings = SimpleNamespace(max_queued_requests=8, max_queued_tokens=100)
     busy = SimpleNamespace(num_waiting=5, config=None)
