@@ -317,6 +317,23 @@ class Settings(BaseSettings):
         default_factory=list,
         description="default `priority` per API key, in api_keys' order (missing: 0)",
     )
+    # --- heavy work off the event loop (runtime.server.offload, runtime.server.prompts) --------
+    # threads rendering chat templates, tokenizing long prompts and serialising large responses
+    offload_workers: int = Field(4, ge=1, le=64)
+    # a non-streamed completion whose largest possible response (choices × tokens × logprobs
+    # alternatives) passes this is a 400 before it runs
+    max_response_bytes: int = Field(64 << 20, ge=1 << 16)
+    # --- checkpoint chat templates (runtime.models.template_sandbox) ---------------------------
+    chat_template_timeout_s: float = Field(1.0, gt=0.0, le=60.0, description="per render")
+    chat_template_max_output_chars: int = Field(4 << 20, ge=1 << 10)
+    chat_template_max_memory_bytes: int = Field(512 << 20, ge=64 << 20, description="per worker")
+    chat_template_workers: int = Field(2, ge=1, le=64, description="renders at once")
+    # --- fair share of the batch (runtime.engine.fair_share) ---------------------------------
+    # while its sequences run, one API request (a batch's prompts and choices) / one tenant holds
+    # at most this fraction of the batch's sequence cap, so the next request finds a slot; the
+    # waiting queue admits the least-served tenant and request first
+    max_request_batch_share: float = Field(0.9, gt=0.0, le=1.0)
+    max_tenant_batch_share: float = Field(1.0, gt=0.0, le=1.0)
 
     @field_validator("api_keys", "rollout_peers", mode="before")
     @classmethod

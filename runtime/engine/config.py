@@ -8,6 +8,7 @@ from typing import Any
 
 from runtime.engine.batching.controller import BatchPolicyConfig
 from runtime.engine.constraints.limits import GrammarLimits
+from runtime.engine.fair_share import ShareConfig
 from runtime.engine.scheduler import SchedulerConfig
 from runtime.errors import ConfigError
 from runtime.memory.host_heap import MMAP_THRESHOLD_MAX
@@ -58,6 +59,10 @@ class EngineConfig:
     compile_cache_dir: Path | None = None
     scheduling_policy: str = "fcfs"  # fcfs | priority (runtime.engine.priority)
     priority_aging_s: float = 10.0  # priority policy: seconds waited per priority level gained
+    # fair share (runtime.engine.fair_share): one API request's / one tenant's sequences hold at
+    # most this fraction of the batch's sequence cap while they run; 1.0: unbounded
+    max_request_batch_share: float = 1.0
+    max_tenant_batch_share: float = 1.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_num_seqs <= self.max_num_seqs:
@@ -80,6 +85,9 @@ class EngineConfig:
             raise ConfigError(
                 "scheduling_policy must be fcfs or priority", param="scheduling_policy"
             )
+        for name in ("max_request_batch_share", "max_tenant_batch_share"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ConfigError(f"{name} must be in (0, 1]", param=name)
         self.batch_policy  # validates the band  # noqa: B018
         self.fast_path  # validates compile / cuda_graphs  # noqa: B018
 
@@ -121,6 +129,8 @@ class EngineConfig:
             "compile_cache_dir": settings.compile_cache_dir,
             "scheduling_policy": settings.scheduling_policy,
             "priority_aging_s": settings.priority_aging_s,
+            "max_request_batch_share": settings.max_request_batch_share,
+            "max_tenant_batch_share": settings.max_tenant_batch_share,
         }
         fields.update(overrides)
         return cls(**fields)
@@ -152,4 +162,5 @@ class EngineConfig:
             reserve_full_sequence=self.kv_reserve_full_sequence,
             scheduling_policy=self.scheduling_policy,
             priority_aging_s=self.priority_aging_s,
+            share=ShareConfig(self.max_request_batch_share, self.max_tenant_batch_share),
         )

@@ -54,6 +54,9 @@ class GenerationRequest:
     # scheduling priority, vLLM's: lower runs first (runtime.engine.priority); only read under
     # the priority scheduling policy
     priority: int = 0
+    # the API request it belongs to (a batch's prompts share it; None: its own): its share of
+    # the batch and its turn in the waiting queue (runtime.engine.fair_share)
+    group: str | None = None
 
 
 @dataclass

@@ -35,6 +35,7 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from runtime.engine.fair_share import FairShare, ShareConfig
 from runtime.engine.priority import PriorityPolicy
 from runtime.engine.sequence import Sequence, SequenceStatus
 from runtime.engine.stats import RequestEvent, StepStats
@@ -71,6 +72,7 @@ class SchedulerConfig:
     # "fcfs" | "priority": requests' `priority` orders the queue and preemption (priority.py)
     scheduling_policy: str = "fcfs"
     priority_aging_s: float = 10.0  # priority policy: seconds waited per level gained
+    share: ShareConfig = field(default_factory=ShareConfig)  # runtime.engine.fair_share
 
 
 @dataclass
@@ -167,21 +169,28 @@ class Scheduler:
         budget = self._budget_left(out)  # a preempted victim's tokens are back in it
         if self.priority is not None:
             self.priority.order(self.waiting, time.time())
+        share = self._fair_share(max_num_seqs) if budget > 0 and not out.num_preempted else None
         while (
             self.waiting
             and budget > 0
             and len(self.running) < max_num_seqs
             and not out.num_preempted
         ):
+            if share is not None:
+                share.bring_forward(self.waiting)
             seq = self.waiting[0]
             if self.running and len(self.running) + seq.num_seqs > max_num_seqs:
                 break  # its choices would overrun the batch cap (alone, it may start)
+            if share is not None and share.is_over_share(seq):
+                break  # the least-served waiting group has its share: the rest wait too
             admitted = self._admit(seq, budget)
             if admitted is None:
                 self.num_holds += 1
                 if self.priority is not None:
                     self._preempt_for(out, seq)
                 break  # hold the head: FIFO order, no overtaking
+            if share is not None:
+                share.admitted(seq)
             budget -= admitted
             self._take(out, seq, admitted)
         out.batch_size_limit = max_num_seqs
@@ -192,6 +201,15 @@ class Scheduler:
             for item in out.items
         )
         return out
+
+    def _fair_share(self, max_num_seqs: int) -> FairShare | None:
+        """The running sequences per group and tenant (runtime.engine.fair_share); None when
+        nobody can be admitted this step anyway."""
+        if not self.waiting or len(self.running) >= max_num_seqs:
+            return None
+        policy, now = self.priority, time.time()
+        key = None if policy is None else (lambda seq: policy.key(seq, now)[0])
+        return FairShare(self.config.share, self.running, max_num_seqs, key)
 
     def _budget_left(self, out: SchedulerOutput) -> int:
         return self.config.max_num_batched_tokens - out.num_prefill_tokens - out.num_decode_tokens

@@ -172,3 +172,17 @@ def get_sandbox() -> TemplateSandbox:
             _sandbox = TemplateSandbox()
             atexit.register(_sandbox.close)
         return _sandbox
+
+
+def configure_sandbox(limits: TemplateLimits) -> None:
+    """The process's sandbox from now on renders within `limits` (the server's chat_template_*
+    settings); a sandbox with other limits is closed (its idle workers end)."""
+    global _sandbox
+    with _sandbox_lock:
+        previous = _sandbox
+        if previous is not None and previous.limits == limits:
+            return
+        _sandbox = TemplateSandbox(limits)
+        atexit.register(_sandbox.close)
+    if previous is not None:
+        previous.close()

@@ -8,6 +8,7 @@ what `encode` returns. The runtime pads and checks lengths itself.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +24,12 @@ from runtime.models.chat_template import (
 )
 
 __all__ = ["IncrementalDecoder", "Tokenizer"]
+
+# `encode` of a text this long goes through encode_batch, which lets go of the GIL while the Rust
+# side works (encode holds it: 1 MB held every other thread, the event loop's included, ~1 s)
+_GIL_FREE_CHARS = 4096
+# texts whose tokens must not cover more characters each than the vocabulary's longest entry
+_BOUND_PROBES = (" " * 256, "\n" * 256, "a" * 256, "0" * 256, "\u00e9" * 256, ". " * 128)
 
 
 def _token_content(value: Any) -> str | None:
@@ -117,8 +124,27 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return int(self.backend.get_vocab_size(with_added_tokens=True))
 
+    @functools.cached_property
+    def max_token_chars(self) -> int | None:
+        """An upper bound on the characters one token covers: the vocabulary's longest entry
+        (byte-level entries spell each byte as one character, so this bounds multi-byte text
+        too). A prompt of c characters is then at least c / this tokens, which refuses a huge
+        prompt before tokenizing it. None where a probe shows the bound does not hold (a
+        tokenizer that drops whitespace, or a normalizer that folds many characters into one)."""
+        longest = max((len(token) for token in self.backend.get_vocab(True)), default=0)
+        if longest < 1:
+            return None
+        for probe in _BOUND_PROBES:
+            if len(self.backend.encode(probe, add_special_tokens=False).ids) * longest < len(probe):
+                return None
+        return longest
+
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        ids: list[int] = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        if len(text) >= _GIL_FREE_CHARS:
+            encoded = self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0]
+        else:
+            encoded = self.backend.encode(text, add_special_tokens=add_special_tokens)
+        ids: list[int] = encoded.ids
         # a rendered chat template already starts with bos; the post-processor would add another
         bos = self.bos_token_id
         if add_special_tokens and bos is not None and ids[:2] == [bos, bos]:

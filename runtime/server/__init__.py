@@ -7,6 +7,8 @@ auth.py       API keys (/v1) and the admin token (/admin); the one comparison of
 errors.py     the error body and handlers; failure records for the metrics
 preflight.py  settings checked before anything is built (`fastllm serve` exits 2 on a bad one)
 lifecycle.py  graceful drain on SIGTERM, run_server()
+offload.py    heavy request work off the event loop: a small pool, large JSON in pieces
+prompts.py    a prompt rendered and tokenized off the loop, its length bound checked first
 routes/       /health, /ready, /metrics; /admin; the legacy /predict
 edge/         admission: the ASGI guard (key, readiness, drain, body limits, UTF-8, catch-all
               500) and the connection bounds below the app

@@ -65,6 +65,7 @@ def build_state(
 ) -> ServerState:
     """`make_router(sink)`: build the engines yourself (tests: custom loaders, fakes); each
     engine must be given `sink`, the fan-out every stats consumer hangs off."""
+    configure_request_work(settings)  # before the engines load (their template check renders)
     fanout = FanOut()
     router = (make_router or (lambda sink: build_router(settings, sink)))(fanout)
     state = ServerState(settings=settings, router=router, stats=fanout)
@@ -78,6 +79,22 @@ def build_state(
     if settings.alerts_enabled:
         attach_alerts(state)
     return state
+
+
+def configure_request_work(settings: Settings) -> None:
+    """The chat-template sandbox's limits and the off-loop pool's size, from the settings."""
+    from runtime.models.template_sandbox import TemplateLimits, configure_sandbox
+    from runtime.server import offload
+
+    configure_sandbox(
+        TemplateLimits(
+            time_s=settings.chat_template_timeout_s,
+            max_output_chars=settings.chat_template_max_output_chars,
+            memory_bytes=settings.chat_template_max_memory_bytes,
+            num_workers=settings.chat_template_workers,
+        )
+    )
+    offload.configure(settings.offload_workers)
 
 
 def attach_telemetry(state: ServerState) -> None:

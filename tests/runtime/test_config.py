@@ -67,3 +67,47 @@ def test_mmap_threshold_above_glibcs_limit_is_refused(monkeypatch: pytest.Monkey
     with pytest.raises(ConfigError, match="FASTLLM_HEAP_MMAP_THRESHOLD_BYTES") as err:
         load_settings()
     assert err.value.param == "heap_mmap_threshold_bytes"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("chat_template_timeout_s", "0"),
+        ("chat_template_max_output_chars", "10"),
+        ("chat_template_max_memory_bytes", "1024"),
+        ("chat_template_workers", "0"),
+        ("offload_workers", "0"),
+        ("max_response_bytes", "100"),
+    ],
+)
+def test_request_work_limits_are_validated(
+    name: str, value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(f"FASTLLM_{name.upper()}", value)
+    with pytest.raises(ConfigError, match=name):
+        load_settings()
+
+
+def test_the_template_settings_reach_the_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime.models import template_sandbox
+    from runtime.server import offload
+    from runtime.server.wiring import configure_request_work
+
+    monkeypatch.setattr(template_sandbox, "_sandbox", None)
+    monkeypatch.setattr(offload, "_num_workers", offload._num_workers)
+    settings = load_settings(
+        chat_template_timeout_s=0.25,
+        chat_template_max_output_chars=2048,
+        chat_template_max_memory_bytes=128 << 20,
+        chat_template_workers=3,
+        offload_workers=5,
+    )
+    configure_request_work(settings)
+    sandbox = template_sandbox.get_sandbox()
+    assert sandbox.limits == template_sandbox.TemplateLimits(0.25, 2048, 128 << 20, 3)
+    assert offload._num_workers == 5
+    with pytest.raises(template_sandbox.TemplateFailure, match=r"0\.25 s"):
+        sandbox.render(
+            "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}", {}
+        )
+    sandbox.close()

@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from runtime.models.tokenizer import Tokenizer
 from runtime.server.anthropic import reply
 from runtime.server.anthropic.openapi import (
     COUNT_RESPONSES,
@@ -22,9 +23,16 @@ from runtime.server.anthropic.openapi import (
 )
 from runtime.server.anthropic.schemas import CountTokensRequest, MessagesRequest
 from runtime.server.anthropic.stream import message_events
-from runtime.server.anthropic.translate import build_prompt, clamp_max_tokens, sampling_params
+from runtime.server.anthropic.translate import (
+    Prompt,
+    build_prompt,
+    clamp_max_tokens,
+    sampling_params,
+)
+from runtime.server.offload import off_loop
 from runtime.server.openai import generate as gen
 from runtime.server.openai.streaming import EventStream
+from runtime.server.prompts import needs_pool, room_for
 from runtime.server.state import get_state
 
 router = APIRouter(prefix="/v1", tags=["anthropic"])
@@ -36,7 +44,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Any:
     request_id = gen.begin(request, "msg", body.model, OPERATION)
     route = get_state(request).router.pick(body.model, user=body.user)
     tokenizer = route.engine.tokenizer
-    prompt = build_prompt(body, tokenizer)
+    prompt = await _build_prompt(request, body, tokenizer, room_for(route.engine))
     max_tokens = clamp_max_tokens(route.engine, len(prompt.ids), body.max_tokens)
     sub = gen.submit(
         request,
@@ -85,5 +93,16 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> Any:
     request.state.model = body.model
     request.state.operation = OPERATION
     route = get_state(request).router.pick(body.model)
-    prompt = build_prompt(body, route.engine.tokenizer)
+    prompt = await _build_prompt(request, body, route.engine.tokenizer)
     return JSONResponse({"input_tokens": len(prompt.ids)})
+
+
+async def _build_prompt(
+    request: Request, body: CountTokensRequest, tokenizer: Tokenizer, room: int | None = None
+) -> Prompt:
+    """Rendered and encoded off the event loop unless the body is short and the template ours
+    (runtime.server.prompts.needs_pool; the body's length stands for its messages')."""
+    size = int(request.headers.get("content-length") or 0)
+    if needs_pool(tokenizer, size):
+        return await off_loop(build_prompt, body, tokenizer, room)
+    return build_prompt(body, tokenizer, room)

@@ -31,6 +31,7 @@ from runtime.server.anthropic.schemas import (
 from runtime.server.anthropic.tools import constraint_of, tool_plan
 from runtime.server.openai.schemas import ChatMessage
 from runtime.server.openai.tools import ToolPlan, render_chat_prompt
+from runtime.server.prompts import encode_bounded
 
 __all__ = ["Prompt", "build_prompt", "chat_messages", "clamp_max_tokens", "sampling_params"]
 
@@ -45,12 +46,15 @@ class Prompt:
     prefill: str  # the assistant text the prompt ends with ("" when none)
 
 
-def build_prompt(body: CountTokensRequest, tokenizer: Tokenizer) -> Prompt:
+def build_prompt(body: CountTokensRequest, tokenizer: Tokenizer, room: int | None = None) -> Prompt:
+    """`room`: the most prompt tokens the model takes; a prompt known to exceed it is refused
+    before it is tokenized in full (runtime.server.prompts.encode_bounded; None: no bound)."""
     plan = tool_plan(body)
     constraint = constraint_of(body, plan)
     messages, prefill = chat_messages(body)
     text = render_chat_prompt(tokenizer, messages, plan) + prefill
-    return Prompt(tokenizer.encode(text), plan, constraint, prefill)
+    ids = encode_bounded(tokenizer, text, room=room, param="messages")
+    return Prompt(ids, plan, constraint, prefill)
 
 
 def chat_messages(body: CountTokensRequest) -> tuple[list[ChatMessage], str]:

@@ -15,4 +15,6 @@ choices.py          runs prompt batches and n / best_of as engine requests
 logprobs.py         the logprobs shapes of completions and chat
 choice_logprobs.py  the same per choice of a batch
 tenancy.py          the prefix cache's tenants (one per API key) and their tally
+response_size.py    a non-streamed body's largest response against max_response_bytes
+batch_fit.py        whether a batch's prompts × choices can queue, before any of them does
 """

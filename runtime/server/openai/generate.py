@@ -125,6 +125,7 @@ def submit(
         priority=key_priority(tenant, settings.api_key_priorities)
         if priority is None
         else priority,
+        group=getattr(request.state, "request_id", None),  # a batch's prompts: one group
     )
     if state.tenants is not None:
         state.tenants.expect(request_id, tenant)

@@ -24,8 +24,10 @@ from runtime.engine.request import TokenOutput
 from runtime.engine.sampling import SamplingParams
 from runtime.errors import InvalidRequestError
 from runtime.server.errors import ERROR_RESPONSES
+from runtime.server.offload import json_response
 from runtime.server.openai import choices
 from runtime.server.openai import generate as gen
+from runtime.server.openai.batch_fit import check_batch_fits, check_prompts_fit
 from runtime.server.openai.choice_logprobs import ChatChoiceLogprobs, CompletionChoiceShapers
 from runtime.server.openai.controls import (
     chat_logprob_fields,
@@ -39,12 +41,14 @@ from runtime.server.openai.replies import (
     ModelCard,
     ModelList,
 )
+from runtime.server.openai.response_size import chat_shape, check_response_size, completion_shape
 from runtime.server.openai.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from runtime.server.openai.streaming import EventStream
 from runtime.server.openai.structured import constraint_of
 from runtime.server.openai.tools import ToolPlan, plan_tools, render_chat_prompt
 from runtime.server.openai.tools.response import assistant_message, chat_constraint
 from runtime.server.openai.tools.stream import tool_events
+from runtime.server.prompts import encode_prompt, message_chars, render_and_encode, room_for
 from runtime.server.state import get_state
 from runtime.serving.router import Route
 
@@ -77,9 +81,24 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
     route = get_state(request).router.pick(body.model, user=body.user)
     asks = body.features  # runtime.server.openai.features: what runs besides the plain path
     tokenizer = route.engine.tokenizer
-    prompts = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in body.prompts]
     # max_tokens 0 scores an echoed prompt (runtime.server.openai.controls.scored_max_tokens)
     max_tokens = scored_max_tokens(body) if body.max_tokens == 0 else body.max_tokens
+    room = room_for(route.engine)  # long prompts: bounded, then off the loop
+    prompts = [
+        await encode_prompt(tokenizer, p, room=room) if isinstance(p, str) else list(p)
+        for p in body.prompts
+    ]
+    heavy = asks.logprobs or asks.choices  # a large response is built off the loop, bounded
+    if heavy and not body.stream:
+        shape = completion_shape(
+            body.prompts,
+            prompts,
+            n=body.n,
+            max_tokens=max_tokens or 1,
+            echo=body.echo,
+            logprobs=body.logprobs if asks.logprobs else None,
+        )
+        check_response_size(shape, get_state(request).settings.max_response_bytes)
     logprob_fields = completion_logprob_fields(body) if asks.logprobs else {}
 
     def params(ids: list[int]) -> SamplingParams:
@@ -114,12 +133,15 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
             "logprobs": logprobs,
         }
 
-    payload = base()
-    payload["choices"] = [choice(c) for c in joined.choices]
-    payload["usage"] = joined.usage(counted)
-    if joined.metrics is not None:  # enable_request_metrics
-        payload["metrics"] = joined.metrics.as_dict()
-    return payload
+    def build() -> dict[str, Any]:
+        payload = base()
+        payload["choices"] = [choice(c) for c in joined.choices]
+        payload["usage"] = joined.usage(counted)
+        if joined.metrics is not None:  # enable_request_metrics
+            payload["metrics"] = joined.metrics.as_dict()
+        return payload
+
+    return await json_response(build) if heavy else build()
 
 
 @router.post(
@@ -137,11 +159,14 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     if asks.tools:  # tools and tool_choice (runtime.server.openai.tools)
         plan = plan_tools(body)
         constraint = chat_constraint(body, plan)
-        prompt = render_chat_prompt(tokenizer, body.messages, plan)
+        render = functools.partial(render_chat_prompt, tokenizer, body.messages, plan)
     else:
         constraint = constraint_of(body) if asks.structured else None
-        prompt = tokenizer.apply_chat_template([m.turn for m in body.messages])
-    ids = tokenizer.encode(prompt)
+        render = functools.partial(tokenizer.apply_chat_template, [m.turn for m in body.messages])
+    # rendered and encoded off the loop unless short with the built-in template
+    room = room_for(route.engine)
+    chars = message_chars(body.messages)
+    ids = await render_and_encode(tokenizer, render, chars, room=room)
     max_tokens = (
         body.max_completion_tokens
         or body.max_tokens
@@ -156,6 +181,12 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     params = gen.sampling_params(
         body, max_tokens, **(chat_logprob_fields(body) if asks.logprobs else {})
     )
+    heavy = asks.logprobs or asks.choices  # a large response is built off the loop, bounded
+    if heavy and not body.stream:
+        shape = chat_shape(
+            n=body.n, max_tokens=max_tokens, logprobs=body.logprobs, top_logprobs=body.top_logprobs
+        )
+        check_response_size(shape, get_state(request).settings.max_response_bytes)
     run = _start(request, route, rid, [ids], lambda _: params, body, "chat", constraint)
     base = _base(rid, run.created, route.model, "chat.completion.chunk")
     logprobs = ChatChoiceLogprobs(tokenizer, body) if asks.logprobs and body.logprobs else None
@@ -183,13 +214,16 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         lp = None if logprobs is None else logprobs.of(c.outputs)
         return {"index": c.index, "message": message, "finish_reason": reason, "logprobs": lp}
 
-    payload = base()
-    payload["object"] = "chat.completion"
-    payload["choices"] = [choice(c) for c in joined.choices]
-    payload["usage"] = joined.usage()
-    if joined.metrics is not None:  # enable_request_metrics
-        payload["metrics"] = joined.metrics.as_dict()
-    return payload
+    def build() -> dict[str, Any]:
+        payload = base()
+        payload["object"] = "chat.completion"
+        payload["choices"] = [choice(c) for c in joined.choices]
+        payload["usage"] = joined.usage()
+        if joined.metrics is not None:  # enable_request_metrics
+            payload["metrics"] = joined.metrics.as_dict()
+        return payload
+
+    return await json_response(build) if heavy else build()
 
 
 def _start(
@@ -214,6 +248,10 @@ def _start(
         priority=body.priority,
     )
     if body.features.choices:
+        # the whole batch must be able to queue before any prompt of it is
+        settings = get_state(request).settings
+        check_batch_fits(route.engine, settings, prompts, params(prompts[0]).num_seqs)
+        check_prompts_fit(route.engine, prompts, lambda ids: params(ids).max_tokens)
         best_of = getattr(body, "best_of", None)  # completions only
         return choices.start(
             submit,

@@ -19,7 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.errors import InvalidRequestError
 from runtime.server.errors import ERROR_RESPONSES
+from runtime.server.offload import INLINE_CHARS, json_response, maybe_off_loop
 from runtime.server.openai.schemas import ChatMessage, TokenId
+from runtime.server.prompts import message_chars
 from runtime.server.state import get_state
 from runtime.serving.router import Route
 
@@ -73,16 +75,29 @@ def _route(request: Request, model: str | None) -> Route:
 async def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest, request: Request) -> Any:
     engine = _route(request, body.model).engine
     tokenizer = engine.tokenizer
-    if isinstance(body, TokenizeChatRequest):
-        messages = [m.turn for m in body.messages]
-        text = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=body.add_generation_prompt
-        )
-    else:
-        text = body.prompt
-    ids = tokenizer.encode(text, add_special_tokens=body.add_special_tokens)
     context = int(engine.loaded.args.max_position_embeddings)
-    return {"count": len(ids), "max_model_len": context, "tokens": ids, "token_strs": None}
+    chat = isinstance(body, TokenizeChatRequest)
+    messages = [m.turn for m in body.messages] if isinstance(body, TokenizeChatRequest) else []
+
+    def work() -> dict[str, Any]:
+        if isinstance(body, TokenizeChatRequest):
+            text = tokenizer.apply_chat_template(
+                messages, add_generation_prompt=body.add_generation_prompt
+            )
+        else:
+            text = body.prompt
+        ids = tokenizer.encode(text, add_special_tokens=body.add_special_tokens)
+        return {"count": len(ids), "max_model_len": context, "tokens": ids, "token_strs": None}
+
+    # render, encode and the reply's JSON off the loop, unless short (runtime.server.offload)
+    size = (
+        message_chars(body.messages)
+        if isinstance(body, TokenizeChatRequest)
+        else len(getattr(body, "prompt", ""))
+    )
+    if size < INLINE_CHARS and not (chat and tokenizer.chat_template is not None):
+        return work()
+    return await json_response(work)
 
 
 @router.post("/detokenize", response_model=DetokenizeResponse, responses=ERROR_RESPONSES)
@@ -91,4 +106,6 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> Any:
     vocab = int(engine.loaded.args.vocab_size)
     if any(t >= vocab for t in body.tokens):
         raise InvalidRequestError(f"token ids must be in [0, {vocab})", param="tokens")
-    return {"prompt": engine.tokenizer.decode(body.tokens, skip_special_tokens=False)}
+    decode = engine.tokenizer.decode
+    text = await maybe_off_loop(len(body.tokens), decode, body.tokens, skip_special_tokens=False)
+    return {"prompt": text}

@@ -22,6 +22,7 @@ from runtime.server.openai import generate as gen
 from runtime.server.openai.logprobs import TokenTexts, chat_logprobs, sampled_positions
 from runtime.server.openai.streaming import EventStream
 from runtime.server.openai.tools import render_chat_prompt
+from runtime.server.prompts import message_chars, render_and_encode, room_for
 from runtime.server.responses.events import Saver, response_events
 from runtime.server.responses.inputs import chat_messages, input_turns
 from runtime.server.responses.objects import (
@@ -96,7 +97,11 @@ async def create_response(body: ResponsesRequest, request: Request) -> Any:
         history = await storage.history(body.previous_response_id)
     turns = input_turns(body.input, history)
     messages = chat_messages(body.instructions, turns)
-    ids = tokenizer.encode(render_chat_prompt(tokenizer, messages, tools.plan))
+    render = partial(render_chat_prompt, tokenizer, messages, tools.plan)
+    room = room_for(route.engine)  # rendered and encoded off the loop
+    ids = await render_and_encode(
+        tokenizer, render, message_chars(messages), room=room, param="input"
+    )
     context = int(route.engine.loaded.args.max_position_embeddings)
     max_tokens = body.max_output_tokens or gen.default_max_tokens(route.engine, len(ids), context)
     params = SamplingParams(

@@ -18,6 +18,7 @@ from runtime.engine.sampling import SamplingParams
 from runtime.errors import ServiceUnavailable
 from runtime.server.errors import ERROR_RESPONSES
 from runtime.server.openai import generate as gen
+from runtime.server.prompts import encode_prompt, room_for
 from runtime.server.state import ServerState, get_state
 
 DEPRECATION_HEADERS = {
@@ -54,7 +55,8 @@ async def predict(body: PredictRequest, request: Request) -> JSONResponse:
         model = _default_model(state)
         rid = gen.begin(request, "predict", model, "text_completion")
         route = state.router.pick(model)
-        ids = route.engine.tokenizer.encode(body.prompt)
+        tokenizer = route.engine.tokenizer  # a long prompt: bounded, encoded off the loop
+        ids = await encode_prompt(tokenizer, body.prompt, room=room_for(route.engine))
         params = SamplingParams(max_tokens=body.max_length, temperature=0.0)
         sub = gen.submit(request, route, rid, ids, params, operation="text_completion", user=None)
         out = await gen.join(request, sub)

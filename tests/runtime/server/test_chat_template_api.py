@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from runtime.models import template_sandbox
-from runtime.models.template_sandbox import TemplateLimits, TemplateSandbox
 from tests.runtime.server.inprocess import AUTH, InProcess, in_process
 from tests.runtime.server.live import engine_for, light_settings, router_of
 
@@ -40,15 +39,18 @@ def app(
     path = tmp_path_factory.mktemp("template-api") / "llama"
     shutil.copytree(demo_model_dir("llama"), path)
     (path / "chat_template.jinja").write_text(TEMPLATE)
-    sandbox = TemplateSandbox(TemplateLimits(time_s=0.5))
-    saved, template_sandbox._sandbox = template_sandbox._sandbox, sandbox
+    saved = template_sandbox._sandbox
     try:
         make_router = router_of(llama=partial(engine_for, path, name="llama"))
-        with in_process(light_settings(), make_router) as served:
+        # the settings set the sandbox's limits (runtime.server.wiring.configure_request_work)
+        with in_process(light_settings(chat_template_timeout_s=0.5), make_router) as served:
+            sandbox = template_sandbox._sandbox
+            assert sandbox is not None and sandbox.limits.time_s == 0.5
             yield served
     finally:
+        if template_sandbox._sandbox is not None:
+            template_sandbox._sandbox.close()
         template_sandbox._sandbox = saved
-        sandbox.close()
 
 
 def chat(app: InProcess, content: str) -> object:
