@@ -294,6 +294,23 @@ class Settings(BaseSettings):
     grammar_max_rules: int = Field(1024, ge=1)
     grammar_max_grammar_bytes: int = Field(64 << 10, ge=1)
 
+    # --- speculative decoding (runtime.engine.spec) ---------------------------------------------
+    speculative_method: str = Field(
+        "off",
+        pattern="^(off|ngram|self_draft)$",
+        description="draft k tokens per decode step for the model to verify in the same forward: "
+        "ngram (prompt lookup) | self_draft (the model's own weights quantized) | off",
+    )
+    num_speculative_tokens: int = Field(4, ge=1, le=16, description="k, tokens drafted per step")
+    ngram_min: int = Field(1, ge=1, le=64, description="ngram: shortest suffix looked up")
+    ngram_max: int = Field(4, ge=1, le=64, description="ngram: longest suffix looked up")
+    speculative_draft_quant: str = Field(
+        "int4", pattern="^(int4|int8)$", description="self_draft: the draft's weight format"
+    )
+    max_batch_for_speculation: int = Field(
+        8, ge=1, description="a step with more sequences than this runs without speculation"
+    )
+
     @field_validator("api_keys", "rollout_peers", mode="before")
     @classmethod
     def _split_keys(cls, value: Any) -> Any:

@@ -73,6 +73,17 @@ from runtime.memory.host_malloc import (
     "balanced (0.6-0.8, the default band) or throughput (0.9-1.0: within 10% of the best "
     "batch's tokens/s, longer steps)",
 )
+@click.option(
+    "--speculative-method",
+    default=None,
+    help="speculative decoding: ngram (prompt lookup) | self_draft | off (default off)",
+)
+@click.option(
+    "--num-speculative-tokens",
+    type=int,
+    default=None,
+    help="tokens drafted per decode step, 1-16 (default 4)",
+)
 def command(
     model_path: Path | None,
     host: str | None,
@@ -87,6 +98,8 @@ def command(
     quantize_lm_head: bool | None,
     num_threads: int | None,
     batch_goal: str | None,
+    speculative_method: str | None = None,
+    num_speculative_tokens: int | None = None,
 ) -> None:
     """Serve a model over the OpenAI-compatible API until SIGTERM (then drain and exit 0).
 
@@ -117,6 +130,8 @@ def command(
         quantize_lm_head=quantize_lm_head,
         num_threads=num_threads,
         batch_goal=batch_goal,
+        speculative_method=speculative_method,
+        num_speculative_tokens=num_speculative_tokens,
     )
     allocator = _ensure_malloc(settings.malloc)  # may re-execute this process on jemalloc
     if "model_path" not in settings.model_fields_set:  # bare: the packaged real model if any

@@ -9,6 +9,7 @@ from typing import Any
 from runtime.engine.batching.controller import BatchPolicyConfig
 from runtime.engine.constraints.limits import GrammarLimits
 from runtime.engine.scheduler import SchedulerConfig
+from runtime.engine.spec.config import SpecConfig
 from runtime.errors import ConfigError
 from runtime.memory.host_heap import MMAP_THRESHOLD_MAX
 from runtime.models.fast.build import FastPathOptions
@@ -56,6 +57,7 @@ class EngineConfig:
     # root of the compiled step's on-disk caches, a directory per model under it; None:
     # $XDG_CACHE_HOME/fastllm/compile (runtime.models.fast.compile_cache)
     compile_cache_dir: Path | None = None
+    spec: SpecConfig = field(default_factory=SpecConfig)  # speculative decoding (off by default)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_num_seqs <= self.max_num_seqs:
@@ -113,6 +115,7 @@ class EngineConfig:
             "debug_leak_blocks_per_request": settings.debug_leak_blocks_per_request,
             "grammar": GrammarLimits.from_settings(settings),
             "compile_cache_dir": settings.compile_cache_dir,
+            "spec": SpecConfig.from_settings(settings),
         }
         fields.update(overrides)
         return cls(**fields)

@@ -15,7 +15,7 @@ any other step calls the model's forward directly.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -26,6 +26,10 @@ from runtime.engine.scheduler import ScheduledSeq, SchedulerOutput
 from runtime.models.base import CausalLM, SeqSlice
 from runtime.models.fast.build import FastPath
 from runtime.models.loader import LoadedModel
+
+if TYPE_CHECKING:
+    from runtime.engine.spec.drafter import SelfDrafter
+    from runtime.engine.spec.verify import SpecResult
 
 __all__ = ["ModelRunner", "StepOutput"]
 
@@ -38,6 +42,9 @@ class StepOutput:
     logprobs: list[TokenLogprob | None] | None = None  # per item; None: no row asked
     # n > 1: each choice forked this step (by id) -> its first token and that token's logprob
     forks: dict[int, tuple[int, TokenLogprob | None]] | None = None
+    # speculative decoding: each drafting item (by index) -> its verification's emitted tokens
+    # (token_ids holds the first of them); None: no row drafted
+    spec: dict[int, SpecResult] | None = None
 
     @property
     def num_sampled(self) -> int:
@@ -76,10 +83,15 @@ class ModelRunner:
         self.fast_path = fast_path
         self.sampler = Sampler()
         self.num_fast_steps = 0  # steps that went through the fast path (tests, stats)
+        self.drafter: SelfDrafter | None = None  # speculative_method=self_draft (spec/drafter.py)
 
     @torch.inference_mode()
     def execute(self, batch: SchedulerOutput) -> StepOutput:
         """Pack, forward, logits, sample: the token (and logprob, when asked) of each item."""
+        if batch.num_draft_tokens:  # speculative rows to verify (runtime.engine.spec)
+            from runtime.engine.spec.step import execute_with_drafts
+
+            return execute_with_drafts(self, batch)
         input_ids, slices = self._pack(batch.items)
         hidden = self._forward(input_ids, slices, decode_only=batch.num_prefill_tokens == 0)
         if batch.num_featured:  # echo + logprobs: the prompt positions of the chunks that ask
@@ -107,6 +119,8 @@ class ModelRunner:
             assert seq.kv is not None
             start = len(flat_ids)
             flat_ids.extend(seq.pending_token_ids(item.num_new_tokens))
+            if item.draft_token_ids:  # speculative: the drafts after it, verified in this step
+                flat_ids.extend(item.draft_token_ids)
             slices.append(SeqSlice(start=start, end=len(flat_ids), kv=seq.kv))
         return torch.tensor(flat_ids, dtype=torch.long, device=self.device), slices
 

@@ -47,6 +47,8 @@ class GenerationRequest:
     # who sent it (the API key's tenant, or the client's address without keys): its share of
     # the grammar compile workers (runtime.engine.constraints.pool); "": cache_salt stands in
     tenant: str = ""
+    # speculative decoding (when the server has it on): False opts this request out
+    speculative: bool = True
 
 
 @dataclass

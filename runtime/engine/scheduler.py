@@ -30,12 +30,15 @@ import time
 from collections import deque
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from runtime.engine.sequence import Sequence, SequenceStatus
 from runtime.engine.stats import RequestEvent, StepStats
 from runtime.memory.kv_cache import PrefixProbe, SequenceKV, TokenSlice
 from runtime.memory.stats import KVCacheStats
+
+if TYPE_CHECKING:
+    from runtime.engine.spec.planner import Speculator
 
 
 class KVSpace(Protocol):
@@ -54,6 +57,7 @@ class KVSpace(Protocol):
     def cache_full_pages(self, kv: SequenceKV, tokens: TokenSlice) -> None: ...
     def free(self, seq_id: str) -> None: ...
     def stats(self) -> KVCacheStats: ...
+    def trim(self, kv: SequenceKV, num_tokens: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,8 @@ class SchedulerConfig:
 class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int  # feed seq.token_ids[num_computed : num_computed + num_new_tokens]
+    # speculative decoding (runtime.engine.spec): tokens fed after the new one, to be verified
+    draft_token_ids: list[int] | None = None
 
     @property
     def samples(self) -> bool:
@@ -93,6 +99,12 @@ class SchedulerOutput:
     # a pass over the rows: sequences with a features slot, and sequences not sampled greedily
     num_featured: int = 0
     num_random: int = 0
+    # speculative decoding (runtime.engine.spec): drafted tokens fed this step (counted in
+    # num_prefill_tokens too: a drafting row is a 1 + k token chunk), and after the update, how
+    # many the target accepted and how many tokens the drafting rows emitted
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_emitted_tokens: int = 0
 
     @property
     def is_plain(self) -> bool:
@@ -115,6 +127,7 @@ class Scheduler:
         self.num_holds = 0  # steps whose queue head found no KV room
         self.num_preemptions = 0
         self._num_admitted = 0
+        self.speculator: Speculator | None = None  # speculative decoding configured (spec/)
 
     @property
     def num_waiting(self) -> int:
@@ -177,6 +190,8 @@ class Scheduler:
             + item.num_new_tokens * (item.num_new_tokens + 1) // 2
             for item in out.items
         )
+        if self.speculator is not None and out.items:
+            self.speculator.plan(out, self._budget_left(out))
         return out
 
     def _budget_left(self, out: SchedulerOutput) -> int:
@@ -296,6 +311,10 @@ class Scheduler:
             num_attention_pairs=batch.num_attention_pairs,
             limit_binds=batch.limit_binds,
             kv=self.kv_stats(),
+            num_draft_tokens=batch.num_draft_tokens,
+            num_accepted_tokens=batch.num_accepted_tokens,
+            num_emitted_tokens=batch.num_emitted_tokens,
+            spec_method="" if self.speculator is None else self.speculator.config.method,
         )
 
     def fork(self, parent: Sequence, child: Sequence) -> None:

@@ -91,6 +91,7 @@ def submit(
     user: str | None,
     constraint: ConstraintSpec | None = None,
     cache_salt: str | None = None,
+    speculative: bool = True,
 ) -> Submitted:
     state = get_state(request)
     settings = state.settings
@@ -119,6 +120,7 @@ def submit(
         constraint=constraint,
         cache_salt=salt,
         tenant=tenant or f"client:{request.client.host if request.client else ''}",
+        speculative=speculative,
     )
     if state.tenants is not None:
         state.tenants.expect(request_id, tenant)

@@ -207,6 +207,7 @@ def _start(
         user=body.user,
         constraint=constraint,
         cache_salt=body.cache_salt,
+        speculative=body.speculative,
     )
     if body.features.choices:
         best_of = getattr(body, "best_of", None)  # completions only
