@@ -76,6 +76,12 @@ class EngineConfig:
             raise ConfigError("kv_block_size must be >= 1", param="kv_block_size")
         if self.request_timeout_s <= 0:
             raise ConfigError("request_timeout_s must be positive", param="request_timeout_s")
+        if self.spec.method == "self_draft" and self.quantization == self.spec.draft_quant:
+            raise ConfigError(
+                f"speculative_method=self_draft with quantization={self.quantization}: the draft "
+                f"(speculative_draft_quant={self.spec.draft_quant}) would be the served weights",
+                param="speculative_draft_quant",
+            )
         self.batch_policy  # validates the band  # noqa: B018
         self.fast_path  # validates compile / cuda_graphs  # noqa: B018
 

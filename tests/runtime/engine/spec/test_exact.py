@@ -75,16 +75,17 @@ def _run(
 NGRAM = SpecConfig(method="ngram", num_speculative_tokens=4, max_batch_for_speculation=64)
 
 
+@pytest.mark.parametrize("method", ["ngram", "self_draft"])
 @pytest.mark.parametrize("k", [1, 4, 16])
-def test_greedy_ngram_is_token_for_token_the_plain_output(
-    llama: tuple[Path, LoadedModel], k: int
+def test_greedy_is_token_for_token_the_plain_output(
+    llama: tuple[Path, LoadedModel], k: int, method: str
 ) -> None:
     _, loaded = llama
     prompts = _prompts(loaded.args.vocab_size)
     params = [greedy(24 + i % 9) for i in range(len(prompts))]
     plain, _, _ = _run(loaded, prompts, params, SpecConfig())
     sink = RecordingSink()
-    spec = SpecConfig(method="ngram", num_speculative_tokens=k, max_batch_for_speculation=64)
+    spec = SpecConfig(method=method, num_speculative_tokens=k, max_batch_for_speculation=64)
     drafted, _, _ = _run(loaded, prompts, params, spec, sink)
     assert drafted == plain
     accepted = sum(s.num_accepted_tokens for s in sink.steps)
@@ -113,8 +114,9 @@ def test_n_choices_stop_strings_and_eos(llama: tuple[Path, LoadedModel]) -> None
         stop = (piece,) if piece else ()
         params.append(SamplingParams(max_tokens=24, temperature=0.0, stop=stop, n=2))
     plain = _run(loaded, prompts, params, SpecConfig())
-    spec = _run(loaded, prompts, params, NGRAM)
-    assert spec[0] == plain[0] and spec[1] == plain[1]
+    for config in (NGRAM, SELF_DRAFT):
+        spec = _run(loaded, prompts, params, config)
+        assert spec[0] == plain[0] and spec[1] == plain[1]
     assert any(len(ids) < 24 for ids in spec[0])  # some stop strings did stop early
     # eos honoured (not ignored): identical too
     eos_params = [SamplingParams(max_tokens=30, temperature=0.0)] * len(prompts)
@@ -124,7 +126,13 @@ def test_n_choices_stop_strings_and_eos(llama: tuple[Path, LoadedModel]) -> None
     )
 
 
-def test_preemption_keeps_outputs_identical(llama: tuple[Path, LoadedModel]) -> None:
+SELF_DRAFT = SpecConfig(method="self_draft", num_speculative_tokens=4, max_batch_for_speculation=64)
+
+
+@pytest.mark.parametrize("spec", [NGRAM, SELF_DRAFT], ids=["ngram", "self_draft"])
+def test_preemption_keeps_outputs_identical(
+    llama: tuple[Path, LoadedModel], spec: SpecConfig
+) -> None:
     _, loaded = llama
     prompts = _prompts(loaded.args.vocab_size)
     params = [greedy(40)] * len(prompts)
@@ -133,7 +141,7 @@ def test_preemption_keeps_outputs_identical(llama: tuple[Path, LoadedModel]) -> 
     sink = RecordingSink()
     small = {"kv_cache_bytes": 24 * page_bytes}  # far fewer pages than the batch wants
     plain, _, _ = _run(loaded, prompts, params, SpecConfig())
-    drafted, _, _ = _run(loaded, prompts, params, NGRAM, sink, **small)
+    drafted, _, _ = _run(loaded, prompts, params, spec, sink, **small)
     assert drafted == plain
     assert sink.steps[-1].kv is not None and sink.steps[-1].kv.num_preemptions > 0
     assert sum(s.num_accepted_tokens for s in sink.steps) > 0
@@ -166,3 +174,22 @@ def test_above_max_batch_no_step_drafts(llama: tuple[Path, LoadedModel]) -> None
         if step.num_draft_tokens:
             assert step.num_seqs <= 2
     assert any(s.num_draft_tokens for s in sink.steps)  # the tail (<= 2 left) drafted
+
+
+def test_self_draft_of_an_int4_model_in_int4_is_refused(
+    demo_model_dir: Callable[[str], Path],
+) -> None:
+    from runtime.errors import ConfigError, ModelLoadError
+
+    with pytest.raises(ConfigError, match="would be the served weights") as refused:
+        engine_config(quantization="int4", spec=SELF_DRAFT)  # settings: refused before any load
+    assert "\n" not in str(refused.value)
+    loaded = load_model(demo_model_dir("llama"), device="cpu", quantization="int4")
+    engine = Engine(
+        engine_config(batch_warmup=False, spec=SELF_DRAFT),
+        loader=lambda: loaded,
+        allocator=Allocator(device="cpu"),
+    )
+    with pytest.raises(ModelLoadError, match="served in int4 already") as info:
+        engine.load()
+    assert "\n" not in str(info.value)
