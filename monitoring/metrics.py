@@ -55,6 +55,11 @@ CONTRACT_METRIC_NAMES: tuple[str, ...] = (
     "fastllm_grammar_cache_events_total",
     # the compiled decode step (runtime.models.fast): 1 once it fell back to the eager forward
     "fastllm_compile_fallbacks",
+    # speculative decoding (monitoring.spec_metrics)
+    "fastllm_spec_decode_num_draft_tokens_total",
+    "fastllm_spec_decode_num_accepted_tokens_total",
+    "fastllm_spec_decode_num_emitted_tokens_total",
+    "fastllm_spec_decode_acceptance_ratio",
 )
 
 OPTIONAL_METRIC_NAMES: tuple[str, ...] = (

@@ -21,6 +21,7 @@ from monitoring.device_activity import (
 from monitoring.metrics import FastllmMetrics
 from monitoring.prometheus_sink import PrometheusSink
 from monitoring.samplers import MemoryCollector, gpu_memory_source
+from monitoring.spec_metrics import SpecDecodeMetrics, SpecDecodeSink
 from monitoring.structured_metrics import StructuredMetrics, StructuredOutputSink
 from monitoring.tracing import TracingSink, create_tracer_provider
 from runtime.config import Settings
@@ -43,12 +44,14 @@ class Monitoring:
     tracer_provider: TracerProvider
     tracing: TracingSink
     structured: StructuredOutputSink | None = None  # grammar metrics (structured output)
+    spec: SpecDecodeSink | None = None  # speculative decoding's metrics
 
     content_type = CONTENT_TYPE_LATEST
 
     @property
     def sinks(self) -> list[StatsSink]:
-        extra = [self.structured] if self.structured is not None else []
+        extra: list[StatsSink] = [self.structured] if self.structured is not None else []
+        extra += [self.spec] if self.spec is not None else []
         return [self.prometheus, self.tracing, *extra]
 
     def asgi_app(self) -> Any:
@@ -130,4 +133,7 @@ def create_monitoring(
         tracer_provider=provider,
         tracing=TracingSink(provider),
         structured=StructuredOutputSink(StructuredMetrics.create(registry), models),
+        spec=SpecDecodeSink(
+            SpecDecodeMetrics.create(registry), models, settings.speculative_method
+        ),
     )

@@ -54,6 +54,10 @@ CONTRACT: dict[str, tuple[str, set[str]]] = {
     "fastllm_grammar_incomplete_total": ("counter", {"model", "version"}),
     "fastllm_grammar_cache_events_total": ("counter", {"model", "version", "event"}),
     "fastllm_compile_fallbacks": ("gauge", {"model", "version"}),
+    "fastllm_spec_decode_num_draft_tokens_total": ("counter", {"model", "version", "method"}),
+    "fastllm_spec_decode_num_accepted_tokens_total": ("counter", {"model", "version", "method"}),
+    "fastllm_spec_decode_num_emitted_tokens_total": ("counter", {"model", "version", "method"}),
+    "fastllm_spec_decode_acceptance_ratio": ("histogram", {"model", "version", "method"}),
 }
 
 
