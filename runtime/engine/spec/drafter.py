@@ -26,7 +26,7 @@ import torch
 from runtime.errors import ConfigError
 from runtime.memory.kv_cache import KVCache, SequenceKV
 from runtime.models.base import CausalLM, SeqSlice
-from runtime.models.quantize import PROJECTIONS, quantize_model
+from runtime.models.quantize import PROJECTIONS, quantize_head, quantize_model
 
 if TYPE_CHECKING:
     from runtime.engine.scheduler import ScheduledSeq
@@ -49,8 +49,8 @@ class _DraftKV:
 
 @torch.inference_mode()
 def draft_model(model: CausalLM, method: str, group_size: int = 32) -> CausalLM:
-    """A copy of `model` whose decoder projections are quantized with `method`; every other
-    tensor (embeddings, norms, head, rope table) is the target's own."""
+    """A copy of `model` whose decoder projections are quantized with `method` and whose LM
+    head is int8; every other tensor (embeddings, norms, rope table) is the target's own."""
     projections: set[int] = set()
     for layer in model.layers:
         for path in PROJECTIONS:
@@ -63,7 +63,10 @@ def draft_model(model: CausalLM, method: str, group_size: int = 32) -> CausalLM:
         if id(tensor) not in projections:
             memo[id(tensor)] = tensor  # shared, not copied
     draft = cast(CausalLM, copy.deepcopy(model, memo))
-    quantize_model(draft, method, group_size=group_size)
+    summary = quantize_model(draft, method, group_size=group_size)
+    # the LM head in int8 too: on a small model it is the largest GEMM of a batch-1 step
+    # (runtime.models.quantize), and the draft's precision never reaches the output
+    quantize_head(draft, summary)
     return draft.eval()
 
 
