@@ -43,12 +43,13 @@ class StepOutput:
     # n > 1: each choice forked this step (by id) -> its first token and that token's logprob
     forks: dict[int, tuple[int, TokenLogprob | None]] | None = None
     # speculative decoding: each drafting item (by index) -> its verification's emitted tokens
-    # (token_ids holds the first of them); None: no row drafted
+    # (its token_ids entry is None); None: no row drafted
     spec: dict[int, SpecResult] | None = None
 
     @property
     def num_sampled(self) -> int:
-        return sum(1 for token in self.token_ids if token is not None)
+        drafting = 0 if self.spec is None else len(self.spec)
+        return drafting + sum(1 for token in self.token_ids if token is not None)
 
     @classmethod
     def of(

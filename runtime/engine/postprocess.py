@@ -25,20 +25,21 @@ def update_from_output(core: CoreView, batch: SchedulerOutput, output: StepOutpu
     core.scheduler.update_from_output(batch)  # cursors, published pages, closed ones freed
     batch_size = len(batch.items)
     logprobs = output.logprobs
-    spec = output.spec
     for i, (item, token_id) in enumerate(zip(batch.items, output.token_ids, strict=True)):
         seq = item.seq
         if seq.is_closed:
             continue
         seq.stats.batch_size = max(seq.stats.batch_size, batch_size)
         if token_id is None:
-            continue  # a prefill chunk that ended mid-prompt
-        if spec is not None and i in spec:  # verified drafts: several tokens (runtime.engine.spec)
-            _push_verified(core, batch, seq, spec[i])
-            continue
+            continue  # a prefill chunk that ended mid-prompt (or a drafting row, below)
         if seq.pending_forks:  # its prefill ended: the other choices share its KV now
             _fork(core, seq, output.forks or {})
         push_token(core, seq, token_id, None if logprobs is None else logprobs[i])
+    if output.spec is not None:  # verified drafts: several tokens each (runtime.engine.spec)
+        for i, result in output.spec.items():
+            seq = batch.items[i].seq
+            if not seq.is_closed:
+                _push_verified(core, batch, seq, result)
 
 
 def _push_verified(

@@ -66,6 +66,5 @@ def execute_with_drafts(runner: ModelRunner, batch: SchedulerOutput) -> StepOutp
             argmax[offset : offset + span],
         )
         offset += span
-        step.spec[i] = result
-        step.token_ids[i] = result.token_ids[0]
+        step.spec[i] = result  # its tokens: token_ids[i] stays None (the postprocess pushes it)
     return step
