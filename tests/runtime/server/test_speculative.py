@@ -45,10 +45,7 @@ def test_opt_out_same_text_and_counts_recorded(
         assert drafted > 0 and 0 <= accepted <= drafted
         assert app.db is not None
         with sqlite3.connect(app.db) as conn:
-            rows = dict(
-                conn.execute(
-                    "SELECT request_id, spec_draft_tokens FROM inference_log WHERE status != 'probe'"
-                ).fetchall()
-            )
+            query = "SELECT request_id, spec_draft_tokens FROM inference_log WHERE op IS NULL"
+            rows = dict(conn.execute(query).fetchall())
     assert rows[on.json()["id"]] == drafted  # the one request that drafted
     assert rows[off.json()["id"]] is None  # opted out: nothing drafted, NULL
