@@ -90,9 +90,7 @@ class ModelRunner:
     def execute(self, batch: SchedulerOutput) -> StepOutput:
         """Pack, forward, logits, sample: the token (and logprob, when asked) of each item."""
         if batch.num_draft_tokens:  # speculative rows to verify (runtime.engine.spec)
-            from runtime.engine.spec.step import execute_with_drafts
-
-            return execute_with_drafts(self, batch)
+            return self._execute_with_drafts(batch)
         input_ids, slices = self._pack(batch.items)
         hidden = self._forward(input_ids, slices, decode_only=batch.num_prefill_tokens == 0)
         if batch.num_featured:  # echo + logprobs: the prompt positions of the chunks that ask
@@ -110,6 +108,18 @@ class ModelRunner:
         )
         out = self.sampler(logits, sampling)
         return StepOutput.of(len(batch.items), sampling_idx, sampling, out)
+
+    def _execute_with_drafts(self, batch: SchedulerOutput) -> StepOutput:
+        from runtime.engine.spec.step import execute_with_drafts
+
+        drafted = execute_with_drafts(self, batch)
+        num_items = len(batch.items)
+        if drafted.sampling is None or drafted.sampled is None:
+            step = StepOutput([None] * num_items)
+        else:
+            step = StepOutput.of(num_items, drafted.plain_idx, drafted.sampling, drafted.sampled)
+        step.spec = drafted.spec  # the drafting rows' tokens (their token_ids entries stay None)
+        return step
 
     def _pack(self, items: list[ScheduledSeq]) -> tuple[torch.Tensor, list[SeqSlice]]:
         """Every item's new tokens side by side: input_ids [T] and each one's slice of it."""

@@ -30,15 +30,12 @@ import time
 from collections import deque
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from runtime.engine.sequence import Sequence, SequenceStatus
 from runtime.engine.stats import RequestEvent, StepStats
 from runtime.memory.kv_cache import PrefixProbe, SequenceKV, TokenSlice
 from runtime.memory.stats import KVCacheStats
-
-if TYPE_CHECKING:
-    from runtime.engine.spec.planner import Speculator
 
 
 class KVSpace(Protocol):
@@ -58,6 +55,24 @@ class KVSpace(Protocol):
     def free(self, seq_id: str) -> None: ...
     def stats(self) -> KVCacheStats: ...
     def trim(self, kv: SequenceKV, num_tokens: int) -> None: ...
+
+
+class Speculator(Protocol):
+    """Speculative decoding's side of the scheduler (runtime.engine.spec.planner.Speculator):
+    drafts and their pages at the end of `schedule`, the rollback after the update."""
+
+    @property
+    def method(self) -> str: ...
+
+    def plan(self, out: SchedulerOutput, budget_left: int) -> None: ...
+    def settle(
+        self,
+        batch: SchedulerOutput,
+        seq: Sequence,
+        num_drafted: int,
+        num_accepted: int,
+        num_emitted: int,
+    ) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -314,7 +329,7 @@ class Scheduler:
             num_draft_tokens=batch.num_draft_tokens,
             num_accepted_tokens=batch.num_accepted_tokens,
             num_emitted_tokens=batch.num_emitted_tokens,
-            spec_method="" if self.speculator is None else self.speculator.config.method,
+            spec_method="" if self.speculator is None else self.speculator.method,
         )
 
     def fork(self, parent: Sequence, child: Sequence) -> None:

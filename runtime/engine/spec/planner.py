@@ -63,6 +63,10 @@ class Speculator:
         self.config = config
         self.kv = kv
 
+    @property
+    def method(self) -> str:
+        return self.config.method
+
     def plan(self, out: SchedulerOutput, budget_left: int) -> None:
         """Draft for the step's decode rows that may speculate (see the module doc)."""
         config = self.config
