@@ -311,6 +311,18 @@ class Settings(BaseSettings):
         8, ge=1, description="a step with more sequences than this runs without speculation"
     )
 
+    @model_validator(mode="after")
+    def _check_speculation(self) -> Settings:
+        if self.speculative_method == "self_draft" and self.quantization == (
+            self.speculative_draft_quant
+        ):
+            raise ValueError(
+                f"speculative_method=self_draft with quantization={self.quantization}: the draft "
+                f"(speculative_draft_quant={self.speculative_draft_quant}) would be the served "
+                "weights"
+            )
+        return self
+
     @field_validator("api_keys", "rollout_peers", mode="before")
     @classmethod
     def _split_keys(cls, value: Any) -> Any:
