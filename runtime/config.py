@@ -302,7 +302,7 @@ class Settings(BaseSettings):
         "ngram (prompt lookup) | self_draft (the model's own weights quantized) | off",
     )
     num_speculative_tokens: int = Field(4, ge=1, le=16, description="k, tokens drafted per step")
-    ngram_min: int = Field(1, ge=1, le=64, description="ngram: shortest suffix looked up")
+    ngram_min: int = Field(2, ge=1, le=64, description="ngram: shortest suffix looked up")
     ngram_max: int = Field(4, ge=1, le=64, description="ngram: longest suffix looked up")
     speculative_draft_quant: str = Field(
         "int4", pattern="^(int4|int8)$", description="self_draft: the draft's weight format"

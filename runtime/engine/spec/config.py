@@ -17,15 +17,16 @@ MAX_SPECULATIVE_TOKENS = 16
 class SpecConfig:
     method: str = "off"  # off | ngram | self_draft
     num_speculative_tokens: int = 4  # k: tokens drafted per row and step (1..16)
-    ngram_min: int = 1  # shortest suffix of the sequence looked up in its earlier tokens
+    ngram_min: int = 2  # shortest suffix of the sequence looked up in its earlier tokens
     ngram_max: int = 4  # longest one (the longest match wins)
     draft_quant: str = "int4"  # self_draft: the draft's weights (int4 | int8)
     # a step with more rows than this runs without speculation (drafts steal compute there)
     max_batch_for_speculation: int = 8
-    # a request stops speculating once its acceptance (after `min_drafts_to_judge` drafted tokens)
-    # is below this: its verified tokens would cost more than the tokens they save
-    min_acceptance_ratio: float = 0.2
-    min_drafts_to_judge: int = 16
+    # a request pauses drafting (state.py) when its recent acceptance, judged after at least
+    # `min_drafts_to_judge` drafted tokens, is below this: its verified chunks cost more than the
+    # tokens they save
+    min_acceptance_ratio: float = 0.25
+    min_drafts_to_judge: int = 8
 
     def __post_init__(self) -> None:
         if self.method not in SPEC_METHODS:

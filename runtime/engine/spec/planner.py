@@ -81,8 +81,8 @@ class Speculator:
             state = seq.spec
             if state is None:
                 state = seq.spec = SpecState(enabled=spec_eligible(seq))
-            if not state.enabled:
-                continue
+            if not state.may_draft():
+                continue  # not eligible, or paused: its drafts were losing
             room = seq.request.sampling.max_tokens - len(seq.output_token_ids) - 1
             k = min(config.num_speculative_tokens, room, budget_left)
             if k <= 0:

@@ -26,7 +26,10 @@ def test_seeded_sampled_requests_repeat_and_release_their_pages(
     demo_model_dir: Callable[[str], Path], method: str
 ) -> None:
     loaded = load_model(demo_model_dir("llama"), device="cpu")
-    spec = SpecConfig(method=method, num_speculative_tokens=4, max_batch_for_speculation=64)
+    # ngram_min 1: sampled text rarely repeats two tokens of the prompt, one is enough to draft
+    spec = SpecConfig(
+        method=method, num_speculative_tokens=4, max_batch_for_speculation=64, ngram_min=1
+    )
     prompts = [[5, 6, 7, 8, 9] * 6, [11, 12, 13] * 10, [40] * 20]
     params = [
         SamplingParams(max_tokens=24, temperature=0.7, seed=3, ignore_eos=True),
@@ -57,18 +60,23 @@ def test_seeded_sampled_requests_repeat_and_release_their_pages(
     assert sum(s.num_draft_tokens for s in sink.steps) > 0
 
 
-def test_a_request_that_loses_stops_drafting() -> None:
+def test_a_request_that_loses_pauses_drafting_longer_each_time() -> None:
     state = SpecState(enabled=True)
-    for _ in range(3):  # 12 drafted, 1 accepted: too few drafts to judge yet
-        state.observe(4, 0, min_ratio=0.2, min_drafts=16)
-    state.observe(4, 1, min_ratio=0.2, min_drafts=16)
-    assert not state.enabled  # 1 / 16 < 0.2
+    state.observe(4, 0, min_ratio=0.25, min_drafts=8)  # 4 drafted: too few to judge yet
+    assert state.may_draft()
+    state.observe(4, 1, min_ratio=0.25, min_drafts=8)  # recent acceptance 0.125 < 0.25
     assert (state.num_draft_tokens, state.num_accepted_tokens, state.num_emitted_tokens) == (
-        16,
+        8,
         1,
-        5,
+        3,
     )
+    paused = [state.may_draft() for _ in range(8)]
+    assert paused == [False] * 8 and state.may_draft()  # 8 decode steps off, then back
+    state.observe(4, 0, min_ratio=0.25, min_drafts=8)
+    state.observe(4, 0, min_ratio=0.25, min_drafts=8)
+    assert sum(not state.may_draft() for _ in range(20)) == 16  # the second pause is twice as long
     paying = SpecState(enabled=True)
     for _ in range(8):
-        paying.observe(4, 3, min_ratio=0.2, min_drafts=16)
-    assert paying.enabled and paying.acceptance_ratio == 0.75
+        paying.observe(4, 3, min_ratio=0.25, min_drafts=8)
+    assert paying.may_draft() and paying.num_pauses == 0 and paying.acceptance_ratio == 0.75
+    assert not SpecState(enabled=False).may_draft()  # not eligible: never drafts
