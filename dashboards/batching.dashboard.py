@@ -12,6 +12,7 @@ from dashboards.common import (
     prom,
     quantiles,
 )
+from dashboards.spec_panels import SPEC_ROW
 
 UTILIZATION = f"fastllm_device_utilization_ratio{{{INSTANCE_SEL}}}"
 BUSY = f"fastllm_device_busy_ratio{{{INSTANCE_SEL}}}"
@@ -198,5 +199,6 @@ dashboard = make_dashboard(
                 ),
             ],
         ),
+        SPEC_ROW,
     ],
 )

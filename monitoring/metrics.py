@@ -59,6 +59,11 @@ CONTRACT_METRIC_NAMES: tuple[str, ...] = (
     "fastllm_priority_requests_total",
     "fastllm_priority_request_queue_seconds",
     "fastllm_priority_time_to_first_token_seconds",
+    # speculative decoding (monitoring.spec_metrics)
+    "fastllm_spec_decode_num_draft_tokens_total",
+    "fastllm_spec_decode_num_accepted_tokens_total",
+    "fastllm_spec_decode_num_emitted_tokens_total",
+    "fastllm_spec_decode_acceptance_ratio",
 )
 
 OPTIONAL_METRIC_NAMES: tuple[str, ...] = (

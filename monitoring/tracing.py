@@ -224,6 +224,9 @@ class TracingSink:
         )
         if r.constraint != "none":
             span.set_attribute("fastllm.grammar_incomplete", r.grammar_incomplete)
+        if r.spec_draft_tokens:  # speculative decoding drafted for it
+            span.set_attribute("fastllm.spec.draft_tokens", r.spec_draft_tokens)
+            span.set_attribute("fastllm.spec.accepted_tokens", r.spec_accepted_tokens)
         if r.finished_reason is not None:
             span.set_attribute("gen_ai.response.finish_reasons", (r.finished_reason,))
         if r.failure_reason is not None:

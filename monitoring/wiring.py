@@ -22,6 +22,7 @@ from monitoring.metrics import FastllmMetrics
 from monitoring.priority_metrics import PriorityMetrics, PrioritySink
 from monitoring.prometheus_sink import PrometheusSink
 from monitoring.samplers import MemoryCollector, gpu_memory_source
+from monitoring.spec_metrics import SpecDecodeMetrics, SpecDecodeSink
 from monitoring.structured_metrics import StructuredMetrics, StructuredOutputSink
 from monitoring.tracing import TracingSink, create_tracer_provider
 from runtime.config import Settings
@@ -45,12 +46,15 @@ class Monitoring:
     tracing: TracingSink
     structured: StructuredOutputSink | None = None  # grammar metrics (structured output)
     priority: PrioritySink | None = None  # metrics per request priority
+    spec: SpecDecodeSink | None = None  # speculative decoding's metrics
 
     content_type = CONTENT_TYPE_LATEST
 
     @property
     def sinks(self) -> list[StatsSink]:
-        extra: list[StatsSink] = [s for s in (self.structured, self.priority) if s is not None]
+        extra: list[StatsSink] = [
+            s for s in (self.structured, self.priority, self.spec) if s is not None
+        ]
         return [self.prometheus, self.tracing, *extra]
 
     def asgi_app(self) -> Any:
@@ -133,4 +137,7 @@ def create_monitoring(
         tracing=TracingSink(provider),
         structured=StructuredOutputSink(StructuredMetrics.create(registry), models),
         priority=PrioritySink(PriorityMetrics.create(registry, settings.latency_buckets_s), models),
+        spec=SpecDecodeSink(
+            SpecDecodeMetrics.create(registry), models, settings.speculative_method
+        ),
     )

@@ -334,6 +334,34 @@ class Settings(BaseSettings):
     # waiting queue admits the least-served tenant and request first
     max_request_batch_share: float = Field(0.9, gt=0.0, le=1.0)
     max_tenant_batch_share: float = Field(1.0, gt=0.0, le=1.0)
+    # --- speculative decoding (runtime.engine.spec) ---------------------------------------------
+    speculative_method: str = Field(
+        "off",
+        pattern="^(off|ngram|self_draft)$",
+        description="draft k tokens per decode step for the model to verify in the same forward: "
+        "ngram (prompt lookup) | self_draft (the model's own weights quantized) | off",
+    )
+    num_speculative_tokens: int = Field(4, ge=1, le=16, description="k, tokens drafted per step")
+    ngram_min: int = Field(2, ge=1, le=64, description="ngram: shortest suffix looked up")
+    ngram_max: int = Field(4, ge=1, le=64, description="ngram: longest suffix looked up")
+    speculative_draft_quant: str = Field(
+        "int4", pattern="^(int4|int8)$", description="self_draft: the draft's weight format"
+    )
+    max_batch_for_speculation: int = Field(
+        8, ge=1, description="a step with more sequences than this runs without speculation"
+    )
+
+    @model_validator(mode="after")
+    def _check_speculation(self) -> Settings:
+        if self.speculative_method == "self_draft" and self.quantization == (
+            self.speculative_draft_quant
+        ):
+            raise ValueError(
+                f"speculative_method=self_draft with quantization={self.quantization}: the draft "
+                f"(speculative_draft_quant={self.speculative_draft_quant}) would be the served "
+                "weights"
+            )
+        return self
 
     @field_validator("api_keys", "rollout_peers", mode="before")
     @classmethod

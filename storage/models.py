@@ -81,6 +81,10 @@ class InferenceLog(Base):
     # that wrote the row (host:port), so one database can hold several servers' rows
     tolerance: Mapped[float | None] = mapped_column(Float)
     instance: Mapped[str | None] = mapped_column(String(256))
+    # (migration 0007) speculative decoding: tokens drafted for the request and accepted by the
+    # model (acceptance = accepted / drafted); NULL when nothing was drafted for it
+    spec_draft_tokens: Mapped[int | None] = mapped_column(Integer)
+    spec_accepted_tokens: Mapped[int | None] = mapped_column(Integer)
 
 
 class MetricSample(Base):

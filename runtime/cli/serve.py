@@ -85,6 +85,15 @@ from runtime.memory.host_malloc import (
     type=click.Choice(["fcfs", "priority"]),
     default=None,
     help="priority: a request's `priority` (lower first) orders the queue and preemption",
+    "--speculative-method",
+    default=None,
+    help="speculative decoding: ngram (prompt lookup) | self_draft | off (default off)",
+)
+@click.option(
+    "--num-speculative-tokens",
+    type=int,
+    default=None,
+    help="tokens drafted per decode step, 1-16 (default 4)",
 )
 def command(
     model_path: Path | None,
@@ -102,6 +111,8 @@ def command(
     batch_goal: str | None,
     enable_request_metrics: bool | None,
     scheduling_policy: str | None,
+    speculative_method: str | None = None,
+    num_speculative_tokens: int | None = None,
 ) -> None:
     """Serve a model over the OpenAI-compatible API until SIGTERM (then drain and exit 0).
 
@@ -134,6 +145,8 @@ def command(
         batch_goal=batch_goal,
         enable_request_metrics=enable_request_metrics,
         scheduling_policy=scheduling_policy,
+        speculative_method=speculative_method,
+        num_speculative_tokens=num_speculative_tokens,
     )
     allocator = _ensure_malloc(settings.malloc)  # may re-execute this process on jemalloc
     if "model_path" not in settings.model_fields_set:  # bare: the packaged real model if any

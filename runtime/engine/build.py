@@ -23,6 +23,7 @@ from runtime.engine.core import EngineCore
 from runtime.engine.model_runner import ModelRunner
 from runtime.engine.scheduler import Scheduler
 from runtime.engine.sequence import Sequence
+from runtime.engine.spec.attach import attach_speculation
 from runtime.engine.stats import StatsSink
 from runtime.engine.warmup import run_warmup
 from runtime.errors import ModelLoadError
@@ -120,6 +121,8 @@ def build_parts(
     if config.batch_warmup and loaded.is_causal_lm:  # seeds the step-time model (see warmup)
         plan = WarmupPlan.for_engine(controller.config.max_batch)
         run_warmup(core, loaded.tokenizer, plan, args.vocab_size)
+    if config.spec.enabled and loaded.is_causal_lm:  # after the warm-up: it times plain steps
+        attach_speculation(core, config.spec, kv_cache)
     if loaded.is_causal_lm:  # XGrammar's view of the vocabulary: once per loaded model
         info = tokenizer_info(loaded.tokenizer, args.vocab_size)
         parts.grammars = GrammarCache(info, limits=config.grammar)

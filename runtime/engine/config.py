@@ -10,6 +10,7 @@ from runtime.engine.batching.controller import BatchPolicyConfig
 from runtime.engine.constraints.limits import GrammarLimits
 from runtime.engine.fair_share import ShareConfig
 from runtime.engine.scheduler import SchedulerConfig
+from runtime.engine.spec.config import SpecConfig
 from runtime.errors import ConfigError
 from runtime.memory.host_heap import MMAP_THRESHOLD_MAX
 from runtime.models.fast.build import FastPathOptions
@@ -63,6 +64,7 @@ class EngineConfig:
     # most this fraction of the batch's sequence cap while they run; 1.0: unbounded
     max_request_batch_share: float = 1.0
     max_tenant_batch_share: float = 1.0
+    spec: SpecConfig = field(default_factory=SpecConfig)  # speculative decoding (off by default)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_num_seqs <= self.max_num_seqs:
@@ -88,6 +90,12 @@ class EngineConfig:
         for name in ("max_request_batch_share", "max_tenant_batch_share"):
             if not 0 < getattr(self, name) <= 1:
                 raise ConfigError(f"{name} must be in (0, 1]", param=name)
+        if self.spec.method == "self_draft" and self.quantization == self.spec.draft_quant:
+            raise ConfigError(
+                f"speculative_method=self_draft with quantization={self.quantization}: the draft "
+                f"(speculative_draft_quant={self.spec.draft_quant}) would be the served weights",
+                param="speculative_draft_quant",
+            )
         self.batch_policy  # validates the band  # noqa: B018
         self.fast_path  # validates compile / cuda_graphs  # noqa: B018
 
@@ -131,6 +139,7 @@ class EngineConfig:
             "priority_aging_s": settings.priority_aging_s,
             "max_request_batch_share": settings.max_request_batch_share,
             "max_tenant_batch_share": settings.max_tenant_batch_share,
+            "spec": SpecConfig.from_settings(settings),
         }
         fields.update(overrides)
         return cls(**fields)

@@ -15,7 +15,7 @@ any other step calls the model's forward directly.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -26,6 +26,10 @@ from runtime.engine.scheduler import ScheduledSeq, SchedulerOutput
 from runtime.models.base import CausalLM, SeqSlice
 from runtime.models.fast.build import FastPath
 from runtime.models.loader import LoadedModel
+
+if TYPE_CHECKING:
+    from runtime.engine.spec.drafter import SelfDrafter
+    from runtime.engine.spec.verify import SpecResult
 
 __all__ = ["ModelRunner", "StepOutput"]
 
@@ -38,10 +42,14 @@ class StepOutput:
     logprobs: list[TokenLogprob | None] | None = None  # per item; None: no row asked
     # n > 1: each choice forked this step (by id) -> its first token and that token's logprob
     forks: dict[int, tuple[int, TokenLogprob | None]] | None = None
+    # speculative decoding: each drafting item (by index) -> its verification's emitted tokens
+    # (its token_ids entry is None); None: no row drafted
+    spec: dict[int, SpecResult] | None = None
 
     @property
     def num_sampled(self) -> int:
-        return sum(1 for token in self.token_ids if token is not None)
+        drafting = 0 if self.spec is None else len(self.spec)
+        return drafting + sum(1 for token in self.token_ids if token is not None)
 
     @classmethod
     def of(
@@ -76,10 +84,13 @@ class ModelRunner:
         self.fast_path = fast_path
         self.sampler = Sampler()
         self.num_fast_steps = 0  # steps that went through the fast path (tests, stats)
+        self.drafter: SelfDrafter | None = None  # speculative_method=self_draft (spec/drafter.py)
 
     @torch.inference_mode()
     def execute(self, batch: SchedulerOutput) -> StepOutput:
         """Pack, forward, logits, sample: the token (and logprob, when asked) of each item."""
+        if batch.num_draft_tokens:  # speculative rows to verify (runtime.engine.spec)
+            return self._execute_with_drafts(batch)
         input_ids, slices = self._pack(batch.items)
         hidden = self._forward(input_ids, slices, decode_only=batch.num_prefill_tokens == 0)
         if batch.num_featured:  # echo + logprobs: the prompt positions of the chunks that ask
@@ -98,6 +109,18 @@ class ModelRunner:
         out = self.sampler(logits, sampling)
         return StepOutput.of(len(batch.items), sampling_idx, sampling, out)
 
+    def _execute_with_drafts(self, batch: SchedulerOutput) -> StepOutput:
+        from runtime.engine.spec.step import execute_with_drafts
+
+        drafted = execute_with_drafts(self, batch)
+        num_items = len(batch.items)
+        if drafted.sampling is None or drafted.sampled is None:
+            step = StepOutput([None] * num_items)
+        else:
+            step = StepOutput.of(num_items, drafted.plain_idx, drafted.sampling, drafted.sampled)
+        step.spec = drafted.spec  # the drafting rows' tokens (their token_ids entries stay None)
+        return step
+
     def _pack(self, items: list[ScheduledSeq]) -> tuple[torch.Tensor, list[SeqSlice]]:
         """Every item's new tokens side by side: input_ids [T] and each one's slice of it."""
         flat_ids: list[int] = []
@@ -107,6 +130,8 @@ class ModelRunner:
             assert seq.kv is not None
             start = len(flat_ids)
             flat_ids.extend(seq.pending_token_ids(item.num_new_tokens))
+            if item.draft_token_ids:  # speculative: the drafts after it, verified in this step
+                flat_ids.extend(item.draft_token_ids)
             slices.append(SeqSlice(start=start, end=len(flat_ids), kv=seq.kv))
         return torch.tensor(flat_ids, dtype=torch.long, device=self.device), slices
 

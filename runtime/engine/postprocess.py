@@ -16,6 +16,7 @@ from runtime.errors import FastllmError
 
 if TYPE_CHECKING:
     from runtime.engine.core_view import CoreView
+    from runtime.engine.spec.verify import SpecResult
 
 __all__ = ["empty_output", "push_token", "update_from_output"]
 
@@ -30,10 +31,31 @@ def update_from_output(core: CoreView, batch: SchedulerOutput, output: StepOutpu
             continue
         seq.stats.batch_size = max(seq.stats.batch_size, batch_size)
         if token_id is None:
-            continue  # a prefill chunk that ended mid-prompt
+            continue  # a prefill chunk that ended mid-prompt (or a drafting row, below)
         if seq.pending_forks:  # its prefill ended: the other choices share its KV now
             _fork(core, seq, output.forks or {})
         push_token(core, seq, token_id, None if logprobs is None else logprobs[i])
+    if output.spec is not None:  # verified drafts: several tokens each (runtime.engine.spec)
+        for i, result in output.spec.items():
+            seq = batch.items[i].seq
+            if not seq.is_closed:
+                _push_verified(core, batch, seq, result)
+
+
+def _push_verified(
+    core: CoreView, batch: SchedulerOutput, seq: Sequence, result: SpecResult
+) -> None:
+    """A drafting row's emitted tokens, one by one through the stop check (a stop among them
+    ends it there), then the scheduler's KV bookkeeping for the accepted drafts."""
+    num_pushed = 0
+    for token_id in result.token_ids:
+        push_token(core, seq, token_id, None)
+        num_pushed += 1
+        if seq.is_closed:
+            break
+    speculator = core.scheduler.speculator
+    assert speculator is not None
+    speculator.settle(batch, seq, result.num_drafted, result.num_accepted, num_pushed)
 
 
 def _fork(

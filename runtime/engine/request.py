@@ -57,6 +57,8 @@ class GenerationRequest:
     # the API request it belongs to (a batch's prompts share it; None: its own): its share of
     # the batch and its turn in the waiting queue (runtime.engine.fair_share)
     group: str | None = None
+    # speculative decoding (when the server has it on): False opts this request out
+    speculative: bool = True
 
 
 @dataclass

@@ -59,6 +59,25 @@ class KVSpace(Protocol):
     def cache_full_pages(self, kv: SequenceKV, tokens: TokenSlice) -> None: ...
     def free(self, seq_id: str) -> None: ...
     def stats(self) -> KVCacheStats: ...
+    def trim(self, kv: SequenceKV, num_tokens: int) -> None: ...
+
+
+class Speculator(Protocol):
+    """Speculative decoding's side of the scheduler (runtime.engine.spec.planner.Speculator):
+    drafts and their pages at the end of `schedule`, the rollback after the update."""
+
+    @property
+    def method(self) -> str: ...
+
+    def plan(self, out: SchedulerOutput, budget_left: int) -> None: ...
+    def settle(
+        self,
+        batch: SchedulerOutput,
+        seq: Sequence,
+        num_drafted: int,
+        num_accepted: int,
+        num_emitted: int,
+    ) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -79,6 +98,8 @@ class SchedulerConfig:
 class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int  # feed seq.token_ids[num_computed : num_computed + num_new_tokens]
+    # speculative decoding (runtime.engine.spec): tokens fed after the new one, to be verified
+    draft_token_ids: list[int] | None = None
 
     @property
     def samples(self) -> bool:
@@ -102,6 +123,12 @@ class SchedulerOutput:
     # a pass over the rows: sequences with a features slot, and sequences not sampled greedily
     num_featured: int = 0
     num_random: int = 0
+    # speculative decoding (runtime.engine.spec): drafted tokens fed this step (counted in
+    # num_prefill_tokens too: a drafting row is a 1 + k token chunk), and after the update, how
+    # many the target accepted and how many tokens the drafting rows emitted
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_emitted_tokens: int = 0
 
     @property
     def is_plain(self) -> bool:
@@ -127,6 +154,7 @@ class Scheduler:
         self.priority: PriorityPolicy | None = None  # None: FIFO queue, newest preempted
         if config.scheduling_policy == "priority":
             self.priority = PriorityPolicy(config.priority_aging_s)
+        self.speculator: Speculator | None = None  # speculative decoding configured (spec/)
 
     @property
     def num_waiting(self) -> int:
@@ -200,6 +228,8 @@ class Scheduler:
             + item.num_new_tokens * (item.num_new_tokens + 1) // 2
             for item in out.items
         )
+        if self.speculator is not None and out.items:
+            self.speculator.plan(out, self._budget_left(out))
         return out
 
     def _fair_share(self, max_num_seqs: int) -> FairShare | None:
@@ -342,6 +372,10 @@ class Scheduler:
             num_attention_pairs=batch.num_attention_pairs,
             limit_binds=batch.limit_binds,
             kv=self.kv_stats(),
+            num_draft_tokens=batch.num_draft_tokens,
+            num_accepted_tokens=batch.num_accepted_tokens,
+            num_emitted_tokens=batch.num_emitted_tokens,
+            spec_method="" if self.speculator is None else self.speculator.method,
         )
 
     def fork(self, parent: Sequence, child: Sequence) -> None:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
     from runtime.engine.choice_group import ChoiceGroup
     from runtime.engine.constraints.state import ConstraintState
+    from runtime.engine.spec.state import SpecState
     from runtime.engine.stopping import StopChecker
     from runtime.memory.kv_cache import SequenceKV
 
@@ -54,6 +55,9 @@ class Sequence:
     arrival_index: int = -1  # admission order (the scheduler's); kept across preemptions
     is_closed: bool = False  # the handle got its final output; the engine is done with it
     features: SeqFeatures | None = None  # None: a plain sequence (see features.py)
+    # speculative decoding's state (runtime.engine.spec): None until the speculator first sees
+    # the sequence decode, never set when speculation is off
+    spec: SpecState | None = None
 
     # --- each feature's slot, read where its feature is handled ---------------------------------
     @property

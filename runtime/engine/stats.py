@@ -79,6 +79,13 @@ class StepStats:
     # 1 once the model's compiled decode step fell back to the eager forward (runtime.models.fast:
     # a compile or kernel failure), for good; 0 while it runs compiled or nothing was compiled
     compile_fallbacks: int = 0
+    # speculative decoding (runtime.engine.spec): tokens drafted and verified this step, how many
+    # the target accepted, and the tokens the drafting rows emitted (accepted + one each);
+    # spec_method: the engine's method ("" or "off": not configured)
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_emitted_tokens: int = 0
+    spec_method: str = ""
 
 
 @dataclass
@@ -117,6 +124,16 @@ class RequestStats:
     traceparent: str | None = None
     priority: int = 0  # the request's scheduling priority (runtime.engine.priority)
     events: list[tuple[RequestEvent, float]] = field(default_factory=list)
+    # speculative decoding: tokens drafted for this request (every choice) and accepted by the
+    # target; acceptance = accepted / drafted (None when nothing was drafted)
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+
+    @property
+    def spec_acceptance_ratio(self) -> float | None:
+        if not self.spec_draft_tokens:
+            return None
+        return self.spec_accepted_tokens / self.spec_draft_tokens
 
     @property
     def status(self) -> str:

@@ -15,6 +15,7 @@ advances the cursor itself, so every layer of one forward sees the same `num_tok
                                reservation; False (nothing taken) when no page is free or cached
   fork(parent, seq_id)         a page table for another choice of the same prompt: the parent's
                                full pages held once more, its partial last page copied
+  trim(kv, num_tokens)         give back the pages past num_tokens (speculation's rollback)
   cache_full_pages(kv, tokens) key the pages the last forward filled, for later sequences
   free(seq_id)                 release every page: a shared page is freed by its last holder;
                                a keyed page then stays cached (LRU) until evicted
@@ -268,6 +269,15 @@ class KVCache:
                 return False
             kv.page_ids.extend(pages)
             return True
+
+    def trim(self, kv: SequenceKV, num_tokens: int) -> None:
+        """Give back the pages past the first `num_tokens` tokens (and past the cursor): the
+        pages a speculative step took for drafted positions the target rejected. They were never
+        keyed (only pages under the cursor are), so they go straight back to the free list."""
+        with self._lock:
+            keep = self.pages_for(max(num_tokens, kv.num_tokens))
+            while len(kv.page_ids) > keep:
+                self.pool.release(kv.page_ids.pop())
 
     def fork(self, parent: SequenceKV, seq_id: str) -> SequenceKV | None:
         """A page table for `seq_id` holding the parent's stored tokens (n choices of one prompt,

@@ -124,6 +124,8 @@ def attach_telemetry(state: ServerState) -> None:
         state.stats.add(monitoring.prometheus)
         if monitoring.structured is not None:  # grammar metrics (structured output)
             state.stats.add(monitoring.structured)
+        if monitoring.spec is not None:  # speculative decoding's metrics
+            state.stats.add(monitoring.spec)
         attach_self_check_metrics(monitoring.registry, engines)
         sets = [engine for _, _, engine in engines if isinstance(engine, ReplicaSet)]
         if sets:  # fastllm_scheduler_steals_total follows the pools' cumulative steal counts

@@ -65,6 +65,10 @@ CONTRACT: dict[str, tuple[str, set[str]]] = {
         "histogram",
         {"model", "version", "priority"},
     ),
+    "fastllm_spec_decode_num_draft_tokens_total": ("counter", {"model", "version", "method"}),
+    "fastllm_spec_decode_num_accepted_tokens_total": ("counter", {"model", "version", "method"}),
+    "fastllm_spec_decode_num_emitted_tokens_total": ("counter", {"model", "version", "method"}),
+    "fastllm_spec_decode_acceptance_ratio": ("histogram", {"model", "version", "method"}),
 }
 
 

@@ -93,6 +93,7 @@ def submit(
     constraint: ConstraintSpec | None = None,
     cache_salt: str | None = None,
     priority: int | None = None,
+    speculative: bool = True,
 ) -> Submitted:
     state = get_state(request)
     settings = state.settings
@@ -126,6 +127,7 @@ def submit(
         if priority is None
         else priority,
         group=getattr(request.state, "request_id", None),  # a batch's prompts: one group
+        speculative=speculative,
     )
     if state.tenants is not None:
         state.tenants.expect(request_id, tenant)

@@ -246,6 +246,7 @@ def _start(
         constraint=constraint,
         cache_salt=body.cache_salt,
         priority=body.priority,
+        speculative=body.speculative,
     )
     if body.features.choices:
         # the whole batch must be able to queue before any prompt of it is

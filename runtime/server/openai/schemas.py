@@ -131,6 +131,11 @@ class _Sampling(_Request, StructuredFields):
         description="extension (as vLLM): only requests with the same salt share cached prefixes",
     )
     priority: int | None = Field(None, ge=-(1 << 31), le=(1 << 31) - 1, description=PRIORITY)
+    speculative: bool = Field(
+        True,
+        description="extension: false opts this request out of speculative decoding "
+        "(when the server runs it: speculative_method)",
+    )
     # sampling controls (runtime.engine.logits; runtime.server.openai.controls maps them)
     # their bounds are the engine's (runtime.engine.sampling.checks.PENALTY_BOUNDS)
     presence_penalty: float = _penalty(0.0, "presence_penalty")

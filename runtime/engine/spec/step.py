@@ -1,0 +1,92 @@
+"""A step with drafting rows (runtime.engine.spec): the model runner's `execute` for it.
+
+One forward over every row's chunk, as any step: prefill chunks, one-token decodes and the
+drafting rows' 1 + k tokens side by side. The rows without drafts are sampled as in any step
+(their `SamplingBatch`, the `Sampler`); each drafting row's k + 1 positions are turned into logits
+and verified (verify.py). The drafts of `self_draft` rows are written in first (the drafter).
+The runner is read through a protocol and the result handed back as a `DraftedStep` the runner
+turns into its `StepOutput`, so this module does not import the runner (no import cycle).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from runtime.engine.sampling.batch import SamplingBatch
+from runtime.engine.sampling.sampler import Sampler, SamplerOutput
+from runtime.engine.spec.verify import SpecResult, verify_row
+
+if TYPE_CHECKING:
+    from runtime.engine.scheduler import ScheduledSeq, SchedulerOutput
+    from runtime.engine.spec.drafter import SelfDrafter
+    from runtime.models.base import CausalLM, SeqSlice
+
+__all__ = ["DraftedStep", "execute_with_drafts"]
+
+
+class _Runner(Protocol):
+    """What this step uses of runtime.engine.model_runner.ModelRunner."""
+
+    model: CausalLM
+    device: torch.device
+    sampler: Sampler
+    drafter: SelfDrafter | None
+
+    def _pack(self, items: list[ScheduledSeq]) -> tuple[torch.Tensor, list[SeqSlice]]: ...
+    def _prompt_logprobs(
+        self, items: list[ScheduledSeq], slices: list[SeqSlice], hidden: torch.Tensor
+    ) -> None: ...
+
+
+@dataclass
+class DraftedStep:
+    plain_idx: list[int]  # the items sampled as usual (their chunk reached its end, no drafts)
+    sampling: SamplingBatch | None  # their sampling batch; None when there were none
+    sampled: SamplerOutput | None
+    spec: dict[int, SpecResult]  # each drafting item (by index) -> its verification
+
+
+def execute_with_drafts(runner: _Runner, batch: SchedulerOutput) -> DraftedStep:
+    items = batch.items
+    if runner.drafter is not None:  # self_draft: the placeholders become the draft's tokens
+        runner.drafter.draft(items)
+    input_ids, slices = runner._pack(items)
+    hidden = runner.model(input_ids, slices)  # [T, H]: the chunked forward (never the fast path)
+    if batch.num_featured:
+        runner._prompt_logprobs(items, slices, hidden)
+    plain = [i for i, item in enumerate(items) if item.samples and not item.draft_token_ids]
+    drafting = [i for i, item in enumerate(items) if item.draft_token_ids]
+    step = DraftedStep(plain, None, None, {})
+    if plain:
+        last = torch.tensor([slices[i].end - 1 for i in plain], device=runner.device)
+        logits = runner.model.compute_logits(hidden.index_select(0, last))
+        seqs = [items[i].seq for i in plain]
+        step.sampling = SamplingBatch.build(
+            seqs,
+            featured=any(seq.features is not None for seq in seqs),
+            all_greedy=all(seq.request.sampling.is_greedy for seq in seqs),
+            device=runner.device,
+        )
+        step.sampled = runner.sampler(logits, step.sampling)
+    # every drafting row's k + 1 positions: its slice of the packed chunk
+    positions = [p for i in drafting for p in range(slices[i].start, slices[i].end)]
+    index = torch.tensor(positions, device=runner.device)
+    logits = runner.model.compute_logits(hidden.index_select(0, index))  # [sum(k+1), V]
+    argmax = logits.argmax(dim=-1).tolist()  # one host copy for the greedy rows
+    offset = 0
+    for i in drafting:
+        seq, drafts = items[i].seq, items[i].draft_token_ids
+        assert drafts is not None
+        span = len(drafts) + 1
+        step.spec[i] = verify_row(
+            logits[offset : offset + span],
+            drafts,
+            seq.request.sampling,
+            seq.generator,
+            argmax[offset : offset + span],
+        )
+        offset += span
+    return step
