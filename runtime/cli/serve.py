@@ -85,6 +85,8 @@ from runtime.memory.host_malloc import (
     type=click.Choice(["fcfs", "priority"]),
     default=None,
     help="priority: a request's `priority` (lower first) orders the queue and preemption",
+)
+@click.option(
     "--speculative-method",
     default=None,
     help="speculative decoding: ngram (prompt lookup) | self_draft | off (default off)",
