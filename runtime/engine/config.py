@@ -8,6 +8,7 @@ from typing import Any
 
 from runtime.engine.batching.controller import BatchPolicyConfig
 from runtime.engine.constraints.limits import GrammarLimits
+from runtime.engine.lora.registry import LoraLimits
 from runtime.engine.scheduler import SchedulerConfig
 from runtime.errors import ConfigError
 from runtime.memory.host_heap import MMAP_THRESHOLD_MAX
@@ -56,6 +57,12 @@ class EngineConfig:
     # root of the compiled step's on-disk caches, a directory per model under it; None:
     # $XDG_CACHE_HOME/fastllm/compile (runtime.models.fast.compile_cache)
     compile_cache_dir: Path | None = None
+    # LoRA adapters: registered at load (name, PEFT directory), the resident bound, the rank
+    # bound, and the directory adapters must come from (None: anywhere)
+    loras: tuple[tuple[str, str], ...] = ()
+    max_loras: int = 4
+    max_lora_rank: int = 16
+    lora_dir: Path | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_num_seqs <= self.max_num_seqs:
@@ -74,6 +81,8 @@ class EngineConfig:
             raise ConfigError("kv_block_size must be >= 1", param="kv_block_size")
         if self.request_timeout_s <= 0:
             raise ConfigError("request_timeout_s must be positive", param="request_timeout_s")
+        if self.max_loras < 1 or self.max_lora_rank < 1:
+            raise ConfigError("max_loras and max_lora_rank must be >= 1", param="max_loras")
         self.batch_policy  # validates the band  # noqa: B018
         self.fast_path  # validates compile / cuda_graphs  # noqa: B018
 
@@ -113,6 +122,10 @@ class EngineConfig:
             "debug_leak_blocks_per_request": settings.debug_leak_blocks_per_request,
             "grammar": GrammarLimits.from_settings(settings),
             "compile_cache_dir": settings.compile_cache_dir,
+            "loras": tuple(settings.lora_modules().items()),
+            "max_loras": settings.max_loras,
+            "max_lora_rank": settings.max_lora_rank,
+            "lora_dir": settings.lora_dir,
         }
         fields.update(overrides)
         return cls(**fields)
@@ -130,6 +143,10 @@ class EngineConfig:
             max_batch=self.effective_max_num_seqs,
             cache_dir=self.compile_cache_dir,
         )
+
+    @property
+    def lora_limits(self) -> LoraLimits:
+        return LoraLimits(self.max_loras, self.max_lora_rank, self.lora_dir)
 
     @property
     def batch_policy(self) -> BatchPolicyConfig:

@@ -52,6 +52,7 @@ from runtime.models.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from runtime.engine.client import SequenceVerifier
+    from runtime.engine.lora.registry import LoraStats
 
 __all__ = ["EmbeddingResult", "Engine", "EngineConfig"]
 
@@ -237,6 +238,25 @@ class Engine:
 
         return weight_bytes_by_format(self._parts.loaded.model)
 
+    # --- LoRA adapters (runtime.engine.lora) -------------------------------------------------
+    def load_lora(self, name: str, path: str) -> int:
+        """Register and make resident a PEFT adapter; its resident bytes (LoraAdapterError,
+        ConflictError for a name in use, Overloaded when every resident adapter is busy)."""
+        from runtime.engine.lora.wiring import lora_registry
+
+        return lora_registry(self._parts, self.config).register(name, path).nbytes
+
+    def unload_lora(self, name: str) -> None:
+        """Forget an adapter and release its block (running requests finish with it)."""
+        from runtime.engine.lora.wiring import lora_registry
+
+        lora_registry(self._parts, self.config).unregister(name)
+
+    def lora_stats(self) -> LoraStats | None:
+        """Registered / resident adapters, loads, evictions; None for a model without them."""
+        registry = self._parts.loras
+        return None if registry is None else registry.stats()
+
     def kv_cache_stats(self) -> KVCacheStats:
         core = self._parts.core
         with core.lock:
@@ -288,6 +308,8 @@ class Engine:
             self._parts.grammars.close()
         if not core.is_running:
             self._parts.kv_cache.close()  # the page pool's memory back to the allocator
+            if self._parts.loras is not None:  # the adapters' blocks too
+                self._parts.loras.close()
         # the debug leak dies with its engine: the process-wide allocator outlives it (a reload,
         # the next test), and another engine's self-check would count these blocks as its orphans
         for block in self._parts.debug_leaked:

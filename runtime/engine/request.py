@@ -26,6 +26,7 @@ from runtime.errors import FastllmError, InvalidRequestError, RequestTimeout
 
 if TYPE_CHECKING:
     from runtime.engine.constraints.spec import ConstraintSpec
+    from runtime.engine.lora.registry import ResidentAdapter
     from runtime.models.tokenizer import Tokenizer
 
 
@@ -47,6 +48,7 @@ class GenerationRequest:
     # who sent it (the API key's tenant, or the client's address without keys): its share of
     # the grammar compile workers (runtime.engine.constraints.pool); "": cache_salt stands in
     tenant: str = ""
+    lora: str = ""  # a LoRA adapter registered on the engine, by name ("": the base model)
 
 
 @dataclass
@@ -57,6 +59,7 @@ class ValidatedRequest:
     prompt_ids: list[int]  # checked against the vocabulary, the context and the KV budget
     stats: RequestStats  # the request's record from here on (queued_ts = validation time)
     deadline: float  # time.monotonic() past which the request fails with RequestTimeout
+    lora: ResidentAdapter | None = None  # the adapter's resident weights, when one was asked
 
 
 def context_room(context: int, num_prompt_tokens: int) -> int:

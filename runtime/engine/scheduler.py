@@ -93,6 +93,7 @@ class SchedulerOutput:
     # a pass over the rows: sequences with a features slot, and sequences not sampled greedily
     num_featured: int = 0
     num_random: int = 0
+    num_lora: int = 0  # sequences with a LoRA adapter: 0 = the step runs no LoRA code at all
 
     @property
     def is_plain(self) -> bool:
@@ -235,6 +236,8 @@ class Scheduler:
         out.items.append(ScheduledSeq(seq, num_tokens))
         out.num_featured += seq.features is not None
         out.num_random += not seq.request.sampling.is_greedy
+        if seq.features is not None and seq.features.lora is not None:
+            out.num_lora += 1
         if self._is_decode(seq, num_tokens):
             out.num_decode_tokens += 1
         else:
@@ -244,6 +247,8 @@ class Scheduler:
         out.items.remove(item)
         out.num_featured -= item.seq.features is not None
         out.num_random -= not item.seq.request.sampling.is_greedy
+        if item.seq.features is not None and item.seq.features.lora is not None:
+            out.num_lora -= 1
         if self._is_decode(item.seq, item.num_new_tokens):
             out.num_decode_tokens -= 1
         else:

@@ -116,6 +116,7 @@ class RequestStats:
     # W3C trace context of the incoming request (a `traceparent` header value), if any
     traceparent: str | None = None
     events: list[tuple[RequestEvent, float]] = field(default_factory=list)
+    adapter: str | None = None  # the LoRA adapter the request was served with (None: the base)
 
     @property
     def status(self) -> str:

@@ -1,0 +1,61 @@
+"""The registry in the engine's parts: built at load (with the configured adapters), found by
+admission, and the prefix-cache salt of an adapted request."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from runtime.engine.lora.registry import LoraRegistry
+from runtime.errors import ModelNotFoundError
+
+if TYPE_CHECKING:
+    from runtime.engine.build import EngineParts
+    from runtime.engine.config import EngineConfig
+
+__all__ = ["build_registry", "lora_registry", "lora_salt"]
+
+
+def build_registry(config: EngineConfig, parts: EngineParts) -> LoraRegistry | None:
+    """The causal LM's registry, with `config.loras` registered (their errors fail the load)."""
+    loaded = parts.loaded
+    if not loaded.is_causal_lm:
+        return None
+    core = parts.core
+
+    def in_use() -> set[str]:
+        with core.lock:  # the loop thread changes `seqs`; a load or an admission reads it
+            return {
+                seq.features.lora.name
+                for seq in core.seqs.values()
+                if seq.features is not None and seq.features.lora is not None
+            }
+
+    registry = LoraRegistry(
+        loaded.args,
+        loaded.dtype,
+        loaded.device,
+        parts.allocator,
+        config.lora_limits,
+        in_use=in_use,
+    )
+    for name, path in config.loras:
+        registry.register(name, path)
+    return registry
+
+
+def lora_registry(parts: EngineParts, config: EngineConfig) -> LoraRegistry:
+    registry = parts.loras
+    if registry is None:
+        raise ModelNotFoundError(
+            f"{config.model_name or 'this model'} serves no LoRA adapters",
+            param="model",
+            code="model_not_found",
+        )
+    return registry
+
+
+def lora_salt(adapter_key: str, salt: str) -> str:
+    """A namespace of its own per adapter (JSON keeps the parts apart: no tenant salt can
+    spell an adapter's)."""
+    return json.dumps(["lora", adapter_key, salt])
