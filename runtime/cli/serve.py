@@ -73,6 +73,13 @@ from runtime.memory.host_malloc import (
     "balanced (0.6-0.8, the default band) or throughput (0.9-1.0: within 10% of the best "
     "batch's tokens/s, longer steps)",
 )
+@click.option(
+    "--lora",
+    "loras",
+    multiple=True,
+    metavar="NAME=PATH",
+    help="a PEFT LoRA adapter served as model NAME (repeatable; docs/lora.md)",
+)
 def command(
     model_path: Path | None,
     host: str | None,
@@ -87,6 +94,7 @@ def command(
     quantize_lm_head: bool | None,
     num_threads: int | None,
     batch_goal: str | None,
+    loras: tuple[str, ...] = (),
 ) -> None:
     """Serve a model over the OpenAI-compatible API until SIGTERM (then drain and exit 0).
 
@@ -117,6 +125,7 @@ def command(
         quantize_lm_head=quantize_lm_head,
         num_threads=num_threads,
         batch_goal=batch_goal,
+        loras=list(loras) or None,
     )
     allocator = _ensure_malloc(settings.malloc)  # may re-execute this process on jemalloc
     if "model_path" not in settings.model_fields_set:  # bare: the packaged real model if any

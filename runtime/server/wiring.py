@@ -53,6 +53,8 @@ def build_router(settings: Settings, sink: FanOut) -> Router:
         canary_version=settings.canary_version,
         canary_weight=settings.canary_weight,
     )
+    for name in settings.lora_modules():  # the engines register them as they load
+        router.add_adapter(name, settings.served_model_name)
     if settings.embedding_model_path is not None:
         path = Path(settings.embedding_model_path)
         config = EngineConfig.from_settings(settings, model_path=path, model_name=path.name)

@@ -48,3 +48,42 @@ def peft_reference(base: Path, adapter: Path):
     from tests.runtime.models.builders import hf_model
 
     return PeftModel.from_pretrained(hf_model(base), adapter).eval()
+
+
+def bad_adapters(good: Path, root: Path) -> dict[str, Path]:
+    """Broken copies of a good adapter, by what is wrong with them."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    config = json.loads((good / "adapter_config.json").read_text())
+    tensors = load_file(good / "adapter_model.safetensors")
+    out: dict[str, Path] = {}
+
+    def make(name: str, cfg: dict | None, state: dict | None, pickle: bool = False) -> None:
+        path = root / name
+        path.mkdir(parents=True)
+        if cfg is not None:
+            (path / "adapter_config.json").write_text(json.dumps(cfg))
+        if state is not None and pickle:
+            torch.save(state, path / "adapter_model.bin")
+        elif state is not None:
+            save_file(state, path / "adapter_model.safetensors")
+        out[name] = path
+
+    make("missing_weights", config, None)
+    make("missing_config", None, tensors)
+    make("pickle", config, tensors, pickle=True)
+    make("rank_above_bound", {**config, "r": 64}, tensors)
+    wrong = dict(tensors)
+    first_a = next(k for k in wrong if k.endswith("lora_A.weight"))
+    wrong[first_a] = torch.zeros(wrong[first_a].shape[0], wrong[first_a].shape[1] + 1)
+    make("wrong_shape", config, wrong)
+    make("dora", {**config, "use_dora": True}, tensors)
+    (root / "not_json").mkdir()
+    shutil.copy(good / "adapter_model.safetensors", root / "not_json")
+    (root / "not_json" / "adapter_config.json").write_text("{r: 4")
+    out["not_json"] = root / "not_json"
+    out["nowhere"] = root / "does-not-exist"
+    return out
