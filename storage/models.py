@@ -81,6 +81,8 @@ class InferenceLog(Base):
     # that wrote the row (host:port), so one database can hold several servers' rows
     tolerance: Mapped[float | None] = mapped_column(Float)
     instance: Mapped[str | None] = mapped_column(String(256))
+    # (migration 0006) the LoRA adapter the request selected by `model`; NULL: the base model
+    adapter: Mapped[str | None] = mapped_column(String(128))
 
 
 class MetricSample(Base):

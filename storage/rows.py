@@ -18,7 +18,7 @@ from runtime.engine.stats import RequestStats, VerificationResult
 
 Row = dict[str, Any]
 # columns a row written before they existed (a spooled row of an older release) lacks
-LATER_COLUMNS = ("tolerance", "instance")
+LATER_COLUMNS = ("tolerance", "instance", "adapter")
 
 LOGIT_OP = "logit"  # the probe that lives on the request's own row
 PROBE_STATUS = "probe"
@@ -55,6 +55,7 @@ def request_row(stats: RequestStats, instance: str | None = None) -> Row:
         "expected": None,
         "tolerance": None,
         "instance": instance,
+        "adapter": stats.adapter,
     }
 
 
@@ -79,6 +80,7 @@ def probe_row(result: VerificationResult, instance: str | None = None) -> Row:
         "expected": _storable(result.expected, nan_as=-math.inf),
         "tolerance": result.tolerance,
         "instance": instance,
+        "adapter": None,
     }
 
 

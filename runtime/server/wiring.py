@@ -110,6 +110,7 @@ def attach_telemetry(state: ServerState) -> None:
         if monitoring.structured is not None:  # grammar metrics (structured output)
             state.stats.add(monitoring.structured)
         attach_self_check_metrics(monitoring.registry, engines)
+        attach_lora_metrics(state, monitoring.registry, engines)
         sets = [engine for _, _, engine in engines if isinstance(engine, ReplicaSet)]
         if sets:  # fastllm_scheduler_steals_total follows the pools' cumulative steal counts
             monitoring.prometheus.set_steals_source(lambda: sum(s.num_steals for s in sets))
@@ -123,6 +124,12 @@ def attach_telemetry(state: ServerState) -> None:
         state.start_span = start_span
     state.on_stop.append(monitoring.shutdown)
     state.monitoring = monitoring
+
+
+def attach_lora_metrics(state: ServerState, registry: Any, engines: list[Any]) -> None:
+    from monitoring.lora_metrics import attach as attach_lora
+
+    state.stats.add(attach_lora(registry, engines))  # fastllm_lora_* (monitoring.lora_metrics)
 
 
 def attach_self_check_metrics(registry: Any, engines: list[tuple[str, str, Any]]) -> None:

@@ -143,3 +143,13 @@ def test_bad_adapter_is_a_400(
     assert engine.allocator_stats().bytes_in_use == baseline
     models = httpx.get(f"{served.url}/v1/models", headers=AUTH).json()["data"]
     assert f"bad-{kind}" not in {card["id"] for card in models}
+
+
+def test_metrics_count_requests_per_adapter(client: openai.OpenAI, served: LiveServer) -> None:
+    client.completions.create(model="a1", prompt="Hi", max_tokens=2, temperature=0)
+    text = httpx.get(f"{served.url}/metrics").text
+    lines = [line for line in text.splitlines() if line.startswith("fastllm_lora_")]
+    requests = [line for line in lines if line.startswith("fastllm_lora_requests_total{")]
+    assert any('adapter="a1"' in line and 'model="llama"' in line for line in requests)
+    resident = [line for line in lines if line.startswith("fastllm_lora_adapters_resident{")]
+    assert resident and float(resident[0].rsplit(" ", 1)[1]) >= 1
