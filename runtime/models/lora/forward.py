@@ -7,10 +7,11 @@ delta is two GEMMs per fused projection on a slice, no gather or scatter:
 
     y[s:e] += (x[s:e] @ a_t) @ b_t          # a_t [in, R], b_t [R, out] scaled (weights.py)
 
-q/k/v: the base layer rotates q and k inside `Attention.qkv`; rotary is linear in its input
-(x cos + swap(x) sin), so the delta of q/k is rotated on its own with the same rows' cos/sin and
-added to the rotated q/k: the layer's code is used unchanged. Attention then writes the
-adapted K/V into the pages (which the prefix cache keys by adapter: the engine's salt).
+The layer's halves are spelled out here (`Attention.qkv`, `GatedMLP.add_to_`: the same modules
+and ops, in the same order) so each delta lands on the fused projection's output before what
+follows it (q and k rotated after their delta; the activation after gate/up's). Attention then
+writes the adapted K/V into the pages (which the prefix cache keys by adapter: the engine's
+salt). tests/runtime/lora/test_parity.py holds this to PEFT on the same checkpoint.
 
 Runs eagerly (never the compiled or captured fast path), like any step with a prefill.
 """
@@ -43,11 +44,6 @@ def _add_delta(out: Tensor, x: Tensor, pair: Pair) -> None:
     out.addmm_(torch.mm(x, a_t), b_t)
 
 
-def _delta(x: Tensor, pair: Pair) -> Tensor:
-    a_t, b_t = pair
-    return torch.mm(torch.mm(x, a_t), b_t)
-
-
 @torch.no_grad()
 def lora_forward(
     model: CausalLM, input_ids: Tensor, seqs: Sequence[SeqSlice], groups: Sequence[LoraGroup]
@@ -75,16 +71,15 @@ def _layer(
     """DecoderLayer.forward, each group's delta added after each projection it adapts."""
     attn, mlp, a = layer.attn, layer.mlp, layer.attn.args
     xn = layer.input_norm(x)
-    q, k, v = attn.qkv(xn, cos, sin)  # rotated q/k, v: views the deltas are added into
-    qk_size, heads = a.q_size + a.kv_size, a.num_heads + a.num_kv_heads
+    # Attention.qkv with the delta added to the fused projection before q and k are rotated
+    qkv = attn.qkv_proj(xn)  # [T, q_size + 2 * kv_size]
     for s, e, lora in groups:
-        if lora.qkv is None:
-            continue
-        d = _delta(xn[s:e], lora.qkv)  # [n, q_size + 2 * kv_size]
-        dqk = ops.rotary(d[:, :qk_size].view(e - s, heads, a.head_dim), cos[s:e], sin[s:e])
-        q[s:e].add_(dqk[:, : a.num_heads])
-        k[s:e].add_(dqk[:, a.num_heads :])
-        v[s:e].add_(d[:, qk_size:].view(e - s, a.num_kv_heads, a.head_dim))
+        if lora.qkv is not None:
+            _add_delta(qkv[s:e], xn[s:e], lora.qkv)
+    num_tokens, qk_size = qkv.shape[0], a.q_size + a.kv_size
+    qk = qkv[:, :qk_size].view(num_tokens, a.num_heads + a.num_kv_heads, a.head_dim)
+    q, k = ops.rotary(qk, cos, sin).split([a.num_heads, a.num_kv_heads], dim=1)
+    v = qkv[:, qk_size:].view(num_tokens, a.num_kv_heads, a.head_dim)
     out = attn.attend(q, k, v, plan)  # [T, q_size]
     attn.o_proj.add_to_(x, out)
     for s, e, lora in groups:
