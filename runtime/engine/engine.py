@@ -34,6 +34,7 @@ from runtime.engine.config import EngineConfig
 from runtime.engine.embed import EmbeddingResult, embed_texts
 from runtime.engine.grammar_wait import add_when_compiled
 from runtime.engine.load_once import CallOnce
+from runtime.engine.lora.wiring import adapter_owner_ids
 from runtime.engine.request import GenerationRequest, RequestHandle, ValidatedRequest
 from runtime.engine.self_check import IdleSelfCheck, SelfCheckResult
 from runtime.engine.sequence import Sequence
@@ -102,7 +103,8 @@ class Engine:
             parts.kv_cache,
             parts.allocator,
             label=f"{self.config.model_name}/{self.config.model_version}",
-            live_ids_of=lambda: parts.core.seqs.keys(),
+            # live requests, and the resident adapters' blocks (owner lora:<name>) as theirs
+            live_ids_of=lambda: [*parts.core.seqs.keys(), *adapter_owner_ids(parts.loras)],
         )
         parts.core.on_idle = self.self_check.on_idle
         return parts

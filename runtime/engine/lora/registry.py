@@ -97,6 +97,9 @@ class LoraRegistry:
         self._serial = 0
         self._loads = self._evictions = 0
         self._load_seconds = 0.0
+        # the resident names, replaced whole under the lock and read without it (the engine's
+        # idle self-check reads it under the core lock: taking ours there could deadlock)
+        self.resident_names: frozenset[str] = frozenset()
 
     def register(self, name: str, path: str | Path) -> ResidentAdapter:
         """Validate and make resident (LoraAdapterError / ConflictError / Overloaded)."""
@@ -166,6 +169,7 @@ class LoraRegistry:
         )
         entry.resident = adapter
         self._lru[entry.name] = adapter
+        self.resident_names = frozenset(self._lru)
         self._loads += 1
         self._load_seconds += time.perf_counter() - start
         return adapter
@@ -187,6 +191,7 @@ class LoraRegistry:
         assert adapter is not None
         entry.resident = None
         self._lru.pop(entry.name, None)
+        self.resident_names = frozenset(self._lru)
         adapter.block.release()
 
     def stats(self) -> LoraStats:

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from runtime.engine.build import EngineParts
     from runtime.engine.config import EngineConfig
 
-__all__ = ["build_registry", "lora_registry", "lora_salt"]
+__all__ = ["adapter_owner_ids", "build_registry", "lora_registry", "lora_salt"]
 
 
 def build_registry(config: EngineConfig, parts: EngineParts) -> LoraRegistry | None:
@@ -59,3 +59,13 @@ def lora_salt(adapter_key: str, salt: str) -> str:
     """A namespace of its own per adapter (JSON keeps the parts apart: no tenant salt can
     spell an adapter's)."""
     return json.dumps(["lora", adapter_key, salt])
+
+
+def adapter_owner_ids(registry: LoraRegistry | None) -> list[str]:
+    """What the idle self-check must count as live for the resident adapters' blocks: their
+    owner `lora:<name>` read the way it reads a request's (the part after the last colon).
+    Lock-free (it runs under the core lock). An unloaded adapter whose block is still alive
+    is then an orphan, as it should be."""
+    if registry is None:
+        return []
+    return [name.rsplit(":", 1)[-1] for name in registry.resident_names]

@@ -132,3 +132,33 @@ def test_every_slot_busy_is_overloaded(base_dir: Path, adapter_dirs) -> None:
         _run(engine, "after", [4, 5], "a1", n=2)  # a2 idle again: evicted for a1
     finally:
         engine.shutdown()
+
+
+def test_choices_and_logprobs_with_an_adapter(engine: Engine, base_dir: Path, adapter_dirs) -> None:
+    """n > 1 forks an adapted sequence's pages (the forks keep the adapter), and logprobs are
+    the adapted model's distribution (PEFT's log_softmax)."""
+    prompt = random_prompts(1, 6, 6, engine.loaded.args.vocab_size, seed=9)[0]
+    alone = _run(engine, "n-alone", prompt, "a2", n=4)
+    params = greedy(4, n=2, logprobs=2)
+    handle = engine.submit(GenerationRequest("n-two", prompt, params, lora="a2"))
+    tokens: dict[int, list[int]] = {0: [], 1: []}
+    firsts = {}
+    for out in handle:
+        tokens[out.index] += out.token_ids
+        if out.logprobs:
+            firsts.setdefault(out.index, out.logprobs[0])
+    assert tokens == {0: alone, 1: alone}  # greedy: both choices are the adapted model's
+    model = peft_reference(base_dir, adapter_dirs["a2"])
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt])).logits[0, -1].float()
+    want = torch.log_softmax(logits, dim=-1)
+    first = firsts[0]
+    assert first.token_id == alone[0]
+    assert abs(first.logprob - float(want[alone[0]])) < 1e-4
+
+
+def test_idle_self_check_counts_adapters_as_owned(engine: Engine) -> None:
+    """Resident adapters' blocks have a live owner; nothing is an orphan while they are."""
+    assert engine.self_check is not None
+    result = engine.self_check.check(0.0)
+    assert result.orphan_blocks == 0, result.orphan_owners

@@ -106,3 +106,44 @@ def test_mixed_batch_two_adapters_and_base(ours, base, tmp_path) -> None:
         for t, n in zip(tokens, nxt, strict=True):
             t.append(n)
         got = _step(ours, pages, [(kv, [n]) for kv, n in zip(kvs, nxt, strict=True)], weights)
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_quantized_base_matches_peft_on_the_dequantized_weights(base, tmp_path, method) -> None:
+    """Quantized base weights: the delta is added in the activation dtype beside the quantized
+    GEMM. Reference: transformers + PEFT on a model holding the dequantized values of the same
+    quantized weights (as runtime.verify's reference does for the base). The quantized kernels
+    run their GEMM in bf16, so the base alone is off the reference by its own kernel error; the
+    adapter must add nothing to it (the delta itself is computed in fp32)."""
+    ours = load_model(base, device="cpu", load_tokenizer=False, quantization=method).model
+    assert isinstance(ours, CausalLM)
+    path = make_adapter(base, tmp_path / "a", targets=ALL)
+    hf = hf_model(base)
+    a = ours.args
+    with torch.no_grad():
+        for ours_layer, hf_layer in zip(ours.layers, hf.model.layers, strict=True):
+            qkv = ours_layer.attn.qkv_proj.weight.float()
+            q, k, v = qkv.split([a.q_size, a.kv_size, a.kv_size])
+            attn = hf_layer.self_attn
+            for module, w in ((attn.q_proj, q), (attn.k_proj, k), (attn.v_proj, v)):
+                module.weight.copy_(w)
+            attn.o_proj.weight.copy_(ours_layer.attn.o_proj.weight.float())
+            gate, up = ours_layer.mlp.gate_up_proj.weight.float().split(a.intermediate_size)
+            hf_layer.mlp.gate_proj.weight.copy_(gate)
+            hf_layer.mlp.up_proj.weight.copy_(up)
+            hf_layer.mlp.down_proj.weight.copy_(ours_layer.mlp.down_proj.weight.float())
+    from peft import PeftModel
+
+    tokens = torch.randint(0, a.vocab_size, (8,), generator=torch.Generator().manual_seed(4))
+    base_want = _reference(hf, tokens.tolist())
+    reference = PeftModel.from_pretrained(hf, path).eval()
+    want = _reference(reference, tokens.tolist())
+    pages = Pages(ours)
+    base_got, got = _step(
+        ours, pages, [(pages.new(), tokens.tolist()), (pages.new(), tokens.tolist())],
+        [None, _weights(ours, path)],
+    )  # fmt: skip
+    kernel_error = (base_got - base_want).abs().max()
+    assert kernel_error <= 1e-2 * base_want.abs().max()  # tests/runtime/models/test_quant.py
+    assert (got - want).abs().max() <= 2 * kernel_error + TOL
+    assert (want - base_want).abs().max() > 20 * kernel_error  # the adapter does matter
