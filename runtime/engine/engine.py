@@ -44,6 +44,7 @@ from runtime.engine.stats import (
     FinishReason,
     KVCacheStats,
     RequestEvent,
+    RequestStats,
     StatsSink,
 )
 from runtime.errors import InvalidRequestError, Overloaded, ServiceUnavailable
@@ -141,7 +142,23 @@ class Engine:
         if self._draining:
             raise ServiceUnavailable("the engine is shutting down", retry_after_s=5.0)
         # the model loads (once) here if nobody has loaded it yet
-        return validate_request(self.config, self._parts, request)
+        try:
+            return validate_request(self.config, self._parts, request)
+        except Overloaded:  # its adapter could not be made resident (every slot busy): a
+            # refusal like admission's, which the engine records itself (see the module doc)
+            if self.sink is not None:
+                now = time.time()
+                stats = RequestStats(
+                    request.request_id,
+                    request.model or self.config.model_name,
+                    request.version,
+                    queued_ts=now,
+                    finished_ts=now,
+                    failure_reason=FailureReason.OVERLOADED,
+                    adapter=request.lora or None,
+                )
+                self.sink.record(finished=[stats])
+            raise
 
     def admit(self, validated: ValidatedRequest) -> RequestHandle:
         """Queue a validated request (Overloaded when admission control refuses it)."""

@@ -121,13 +121,16 @@ def test_load_unload_returns_bytes_and_lru(base_dir: Path, adapter_dirs) -> None
 
 def test_every_slot_busy_is_overloaded(base_dir: Path, adapter_dirs) -> None:
     config = engine_config(model_path=base_dir, max_loras=1, batch_warmup=False)
-    engine = Engine(config, allocator=Allocator(device="cpu"))
+    sink = RecordingSink()
+    engine = Engine(config, sink=sink, allocator=Allocator(device="cpu"))
     try:
         engine.load_lora("a1", str(adapter_dirs["a1"]))
         engine.load_lora("a2", str(adapter_dirs["a2"]))  # evicts idle a1
         long = engine.submit(GenerationRequest("long", [4, 5, 6], greedy(400), lora="a2"))
         with pytest.raises(Overloaded):  # a2 is in use: a1 cannot come back now
             engine.submit(GenerationRequest("other", [4, 5], greedy(2), lora="a1"))
+        refused = sink.by_id()["other"]  # recorded by the engine, like admission's refusals
+        assert refused.failure_reason == "overloaded" and refused.adapter == "a1"
         long.result(timeout=120)
         _run(engine, "after", [4, 5], "a1", n=2)  # a2 idle again: evicted for a1
     finally:

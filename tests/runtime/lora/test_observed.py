@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -15,6 +15,7 @@ from runtime.engine.stats import RequestStats
 from storage.db import make_engine, upgrade
 from storage.models import InferenceLog
 from storage.writer import InferenceLogWriter
+from tests.fixtures.prometheus import check_metrics
 
 
 class _Engine:
@@ -51,6 +52,7 @@ def test_lora_metrics_from_stats_and_requests() -> None:
     assert value("fastllm_lora_requests_total", {**labels, "adapter": ""}) is None
     canary = {"model": "llama", "version": "canary"}
     assert value("fastllm_lora_adapters_resident", canary) is None  # no adapters: no sample
+    assert check_metrics(generate_latest(registry).decode()) == []  # promtool's lint
 
 
 def test_inference_log_adapter_column(tmp_path: Path) -> None:
