@@ -153,3 +153,10 @@ def test_metrics_count_requests_per_adapter(client: openai.OpenAI, served: LiveS
     assert any('adapter="a1"' in line and 'model="llama"' in line for line in requests)
     resident = [line for line in lines if line.startswith("fastllm_lora_adapters_resident{")]
     assert resident and float(resident[0].rsplit(" ", 1)[1]) >= 1
+
+
+def test_status_summary_lists_adapters(served: LiveServer) -> None:
+    summary = httpx.get(f"{served.url}/status/api/summary", headers=AUTH)
+    assert summary.status_code == 200, summary.text
+    (version,) = summary.json()["server"]["versions"]
+    assert "a1" in version["lora_registered"] and "a1" in version["lora_resident"]
