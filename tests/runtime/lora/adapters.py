@@ -22,6 +22,7 @@ def make_adapter(
     targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj"),
     use_rslora: bool = False,
     seed: int = 1,
+    init_std: float = 0.2,
 ) -> Path:
     from peft import LoraConfig, get_peft_model
 
@@ -36,7 +37,7 @@ def make_adapter(
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if "lora_B" in name or "lora_A" in name:
-                    param.copy_(0.2 * torch.randn_like(param))
+                    param.copy_(init_std * torch.randn_like(param))
     model.save_pretrained(out, safe_serialization=True)
     return out
 
