@@ -4,19 +4,17 @@ admission, and the prefix-cache salt of an adapted request."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import Any
 
 from runtime.engine.lora.registry import LoraRegistry
 from runtime.errors import ModelNotFoundError
 
-if TYPE_CHECKING:
-    from runtime.engine.build import EngineParts
-    from runtime.engine.config import EngineConfig
-
 __all__ = ["adapter_owner_ids", "build_registry", "lora_registry", "lora_salt"]
 
 
-def build_registry(config: EngineConfig, parts: EngineParts) -> LoraRegistry | None:
+# `config` is the EngineConfig and `parts` the EngineParts (runtime.engine.build imports this
+# module: typed loosely so the two do not import each other)
+def build_registry(config: Any, parts: Any) -> LoraRegistry | None:
     """The causal LM's registry, with `config.loras` registered (their errors fail the load)."""
     loaded = parts.loaded
     if not loaded.is_causal_lm:
@@ -44,8 +42,8 @@ def build_registry(config: EngineConfig, parts: EngineParts) -> LoraRegistry | N
     return registry
 
 
-def lora_registry(parts: EngineParts, config: EngineConfig) -> LoraRegistry:
-    registry = parts.loras
+def lora_registry(parts: Any, config: Any) -> LoraRegistry:
+    registry: LoraRegistry | None = parts.loras
     if registry is None:
         raise ModelNotFoundError(
             f"{config.model_name or 'this model'} serves no LoRA adapters",
