@@ -32,7 +32,7 @@ from runtime.memory import Allocator
 from runtime.memory.block import Block
 from runtime.models.config import ModelArgs
 from runtime.models.lora import LoraWeights, pack_adapter, packed_numel, read_adapter
-from runtime.models.lora.peft import resolve_adapter_path
+from runtime.models.lora.peft import AdapterTensors, resolve_adapter_path
 
 __all__ = ["LoraLimits", "LoraRegistry", "LoraStats", "ResidentAdapter"]
 
@@ -104,16 +104,25 @@ class LoraRegistry:
     def register(self, name: str, path: str | Path) -> ResidentAdapter:
         """Validate and make resident (LoraAdapterError / ConflictError / Overloaded)."""
         resolved = resolve_adapter_path(path, self.limits.lora_dir)
+        self._check_free(name)  # before reading: a taken name fails fast
+        start = time.perf_counter()
+        tensors = self._read(resolved)  # outside the lock: a slow read blocks no admission
         with self._lock:
-            if name in self._registered:
-                raise ConflictError(
-                    f"adapter {name!r} is already loaded", param="lora_name", code="lora_exists"
-                )
+            self._check_free(name)
             self._serial += 1
             entry = _Registered(name, resolved, self._serial)
-            adapter = self._make_resident(entry)  # raises before anything is registered
+            adapter = self._install(entry, tensors, start)  # raises before registering
             self._registered[name] = entry
             return adapter
+
+    def _check_free(self, name: str) -> None:
+        if name in self._registered:
+            raise ConflictError(
+                f"adapter {name!r} is already loaded", param="lora_name", code="lora_exists"
+            )
+
+    def _read(self, path: Path) -> AdapterTensors:
+        return read_adapter(path, self.args, max_rank=self.limits.max_lora_rank)
 
     def unregister(self, name: str) -> None:
         with self._lock:
@@ -133,21 +142,38 @@ class LoraRegistry:
         return sorted(self._registered)
 
     def acquire(self, name: str) -> ResidentAdapter:
-        """The adapter's resident weights for a request (made resident again if evicted)."""
+        """The adapter's resident weights for a request (read again if it was evicted)."""
         with self._lock:
-            entry = self._registered.get(name)
-            if entry is None:
-                raise ModelNotFoundError(
-                    f"adapter {name!r} does not exist", param="model", code="model_not_found"
-                )
-            if entry.resident is None:
-                return self._make_resident(entry)
-            self._lru.move_to_end(name)
-            return entry.resident
-
-    def _make_resident(self, entry: _Registered) -> ResidentAdapter:
+            entry = self._lookup(name)
+            if entry.resident is not None:
+                self._lru.move_to_end(name)
+                return entry.resident
+            path, serial = entry.path, entry.serial
         start = time.perf_counter()
-        tensors = read_adapter(entry.path, self.args, max_rank=self.limits.max_lora_rank)
+        tensors = self._read(path)  # outside the lock, as in register
+        with self._lock:
+            entry = self._lookup(name)
+            if entry.serial != serial:  # unloaded and loaded again meanwhile: not this one
+                raise ModelNotFoundError(
+                    f"adapter {name!r} was reloaded; retry", param="model", code="model_not_found"
+                )
+            if entry.resident is not None:  # another request made it resident meanwhile
+                self._lru.move_to_end(name)
+                return entry.resident
+            return self._install(entry, tensors, start)
+
+    def _lookup(self, name: str) -> _Registered:
+        entry = self._registered.get(name)
+        if entry is None:
+            raise ModelNotFoundError(
+                f"adapter {name!r} does not exist", param="model", code="model_not_found"
+            )
+        return entry
+
+    def _install(
+        self, entry: _Registered, tensors: AdapterTensors, start: float
+    ) -> ResidentAdapter:
+        """Under the lock: evict if full, take the block, pack the weights into it."""
         if len(self._lru) >= self.limits.max_loras:
             self._evict_one()
         numel = packed_numel(tensors, self.args)
