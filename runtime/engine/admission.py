@@ -118,10 +118,7 @@ def new_sequence(
 
     def choice(index: int, stats: RequestStats) -> Sequence:
         verified = (
-            index == 0
-            and verifier is not None
-            and validated.lora is None  # the reference path runs the base model only
-            and verifier.should_verify(request.request_id)
+            index == 0 and verifier is not None and verifier.should_verify(request.request_id)
         )
         constraint = None
         if request.constraint is not None:  # each choice its own matcher
