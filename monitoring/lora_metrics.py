@@ -40,7 +40,16 @@ class LoraCollector(Collector):
     def __init__(self, sources: Sequence[Source]) -> None:
         self.sources = list(sources)
 
+    def describe(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """The families without samples: registration reads these, never the engines."""
+        return self._families()
+
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        return self._families(self.sources)
+
+    def _families(
+        self, sources: Sequence[Source] = ()
+    ) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         resident = GaugeMetricFamily(
             "fastllm_lora_adapters_resident",
             "LoRA adapters whose weights are resident (at most max_loras).",
@@ -61,7 +70,7 @@ class LoraCollector(Collector):
             "Resident LoRA adapters evicted (least recently used, beyond max_loras).",
             labels=_MV,
         )
-        for model, version, stats_of in self.sources:
+        for model, version, stats_of in sources:
             stats = stats_of()
             if stats is None:
                 continue
@@ -95,8 +104,14 @@ class LoraRequestSink:
                 self.requests.labels(r.model, r.version, r.adapter).inc()
 
 
+def _loaded_only(engine: Any) -> Callable[[], Any]:
+    """The engine's LoRA stats once it is loaded; None before (reading them earlier would load
+    the model, at a scrape or at registration, on the caller's thread)."""
+    return lambda: engine.lora_stats() if engine.is_loaded else None
+
+
 def attach(registry: CollectorRegistry, engines: Sequence[tuple[str, str, Any]]) -> LoraRequestSink:
     """The collector over the engines (those with `lora_stats`) and the requests sink."""
-    sources = [(m, v, e.lora_stats) for m, v, e in engines if hasattr(e, "lora_stats")]
+    sources = [(m, v, _loaded_only(e)) for m, v, e in engines if hasattr(e, "lora_stats")]
     registry.register(LoraCollector(sources))
     return LoraRequestSink(registry)

@@ -19,10 +19,13 @@ from tests.fixtures.prometheus import check_metrics
 
 
 class _Engine:
-    def __init__(self, stats: LoraStats | None) -> None:
+    def __init__(self, stats: LoraStats | None, *, is_loaded: bool = True) -> None:
         self.stats = stats
+        self.is_loaded = is_loaded
 
     def lora_stats(self) -> LoraStats | None:
+        if not self.is_loaded:
+            raise AssertionError("lora_stats read before the load: it would load the model")
         return self.stats
 
 
@@ -67,3 +70,17 @@ def test_inference_log_adapter_column(tmp_path: Path) -> None:
         stored = {r.request_id: r.adapter for r in session.scalars(select(InferenceLog))}
     engine.dispose()
     assert stored == {"with": "a1", "without": None}
+
+
+def test_registration_and_scrapes_never_load_the_model() -> None:
+    """The collector is registered at wiring time, before the model loads (which may take
+    minutes): neither registering nor scraping may read the engine's stats then."""
+    registry = CollectorRegistry(auto_describe=True)  # as monitoring.wiring makes it
+    attach(registry, [("llama", "stable", _Engine(None, is_loaded=False))])
+    generate_latest(registry)
+    assert (
+        registry.get_sample_value(
+            "fastllm_lora_adapters_resident", {"model": "llama", "version": "stable"}
+        )
+        is None
+    )
