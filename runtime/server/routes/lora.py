@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.errors import ConflictError, InvalidRequestError, ServiceUnavailable
 from runtime.server.auth import require_admin
-from runtime.server.errors import ErrorResponse
+from runtime.server.errors import ERROR_RESPONSES, ErrorResponse
 from runtime.server.state import get_state
 
 __all__ = ["router"]
@@ -43,7 +43,9 @@ def _authorize(request: Request) -> None:
 
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse} for status in (400, 401, 403, 404, 409, 429, 503)
+    **ERROR_RESPONSES,
+    403: {"model": ErrorResponse, "description": "wrong admin token"},
+    409: {"model": ErrorResponse, "description": "the name is already served"},
 }
 router = APIRouter(
     prefix="/v1", tags=["lora"], dependencies=[Depends(_authorize)], responses=_ERRORS
