@@ -27,6 +27,7 @@ from runtime.errors import ConfigError
 
 DEFAULT_DEMO_MODEL_DIR = Path("demo-models/llama-tiny")
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:[0-9]+)?")
+_LORA_NAME = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # an adapter name, as `model` carries it
 
 
 # `batch_goal`: the latency/throughput trade-off as one word, mapped to the controller's band.
@@ -293,6 +294,17 @@ class Settings(BaseSettings):
     grammar_max_schema_depth: int = Field(32, ge=1, le=1000)
     grammar_max_rules: int = Field(1024, ge=1)
     grammar_max_grammar_bytes: int = Field(64 << 10, ge=1)
+    # --- LoRA adapters (runtime.engine.lora, docs/lora.md) --------------------------------------
+    loras: list[str] = Field(
+        default_factory=list,
+        description="NAME=PATH PEFT adapters registered at start (`--lora`, repeatable; env: "
+        "comma-separated); requests select one by `model`",
+    )
+    max_loras: int = Field(4, ge=1, le=1024, description="adapters resident at once (LRU)")
+    max_lora_rank: int = Field(16, ge=1, le=1024, description="the largest adapter rank r")
+    lora_dir: Path | None = Field(
+        None, description="adapters only from under this directory (relative paths inside it)"
+    )
 
     # --- per-request timings and priority scheduling (issue 38) ---------------------------------
     enable_request_metrics: bool = Field(
@@ -376,6 +388,33 @@ class Settings(BaseSettings):
         if isinstance(value, str):  # "2,-1" or "[2, -1]" (a flag, the environment)
             return [k.strip() for k in value.strip().strip("[]").split(",") if k.strip()]
         return value
+
+    @field_validator("loras", mode="before")
+    @classmethod
+    def _split_loras(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [item.strip() for item in value.split(",") if item.strip()]
+        return value
+
+    @field_validator("loras")
+    @classmethod
+    def _check_loras(cls, value: list[str]) -> list[str]:
+        names: set[str] = set()
+        for item in value:
+            name, sep, path = item.partition("=")
+            if not sep or not _LORA_NAME.fullmatch(name.strip()) or not path.strip():
+                raise ValueError(f"expected NAME=PATH (NAME of [A-Za-z0-9._:-]), got {item!r}")
+            if name.strip() in names:
+                raise ValueError(f"adapter name {name.strip()!r} given twice")
+            names.add(name.strip())
+        return value
+
+    def lora_modules(self) -> dict[str, str]:
+        """The `loras` setting as name -> path."""
+        return {
+            name.strip(): path.strip()
+            for name, _, path in (item.partition("=") for item in self.loras)
+        }
 
     @field_validator("device")
     @classmethod

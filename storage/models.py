@@ -85,6 +85,8 @@ class InferenceLog(Base):
     # model (acceptance = accepted / drafted); NULL when nothing was drafted for it
     spec_draft_tokens: Mapped[int | None] = mapped_column(Integer)
     spec_accepted_tokens: Mapped[int | None] = mapped_column(Integer)
+    # (migration 0006) the LoRA adapter the request selected by `model`; NULL: the base model
+    adapter: Mapped[str | None] = mapped_column(String(128))
 
 
 class MetricSample(Base):

@@ -18,7 +18,13 @@ from runtime.engine.stats import RequestStats, VerificationResult
 
 Row = dict[str, Any]
 # columns a row written before they existed (a spooled row of an older release) lacks
-LATER_COLUMNS = ("tolerance", "instance", "spec_draft_tokens", "spec_accepted_tokens")
+LATER_COLUMNS = (
+    "tolerance",
+    "instance",
+    "adapter",
+    "spec_draft_tokens",
+    "spec_accepted_tokens",
+)
 
 LOGIT_OP = "logit"  # the probe that lives on the request's own row
 PROBE_STATUS = "probe"
@@ -55,6 +61,7 @@ def request_row(stats: RequestStats, instance: str | None = None) -> Row:
         "expected": None,
         "tolerance": None,
         "instance": instance,
+        "adapter": stats.adapter,
         "spec_draft_tokens": stats.spec_draft_tokens or None,
         "spec_accepted_tokens": stats.spec_accepted_tokens if stats.spec_draft_tokens else None,
     }
@@ -81,6 +88,7 @@ def probe_row(result: VerificationResult, instance: str | None = None) -> Row:
         "expected": _storable(result.expected, nan_as=-math.inf),
         "tolerance": result.tolerance,
         "instance": instance,
+        "adapter": None,
         "spec_draft_tokens": None,
         "spec_accepted_tokens": None,
     }

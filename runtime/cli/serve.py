@@ -97,6 +97,13 @@ from runtime.memory.host_malloc import (
     default=None,
     help="tokens drafted per decode step, 1-16 (default 4)",
 )
+@click.option(
+    "--lora",
+    "loras",
+    multiple=True,
+    metavar="NAME=PATH",
+    help="a PEFT LoRA adapter served as model NAME (repeatable; docs/lora.md)",
+)
 def command(
     model_path: Path | None,
     host: str | None,
@@ -115,6 +122,7 @@ def command(
     scheduling_policy: str | None,
     speculative_method: str | None = None,
     num_speculative_tokens: int | None = None,
+    loras: tuple[str, ...] = (),
 ) -> None:
     """Serve a model over the OpenAI-compatible API until SIGTERM (then drain and exit 0).
 
@@ -149,6 +157,7 @@ def command(
         scheduling_policy=scheduling_policy,
         speculative_method=speculative_method,
         num_speculative_tokens=num_speculative_tokens,
+        loras=list(loras) or None,
     )
     allocator = _ensure_malloc(settings.malloc)  # may re-execute this process on jemalloc
     if "model_path" not in settings.model_fields_set:  # bare: the packaged real model if any

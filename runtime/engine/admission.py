@@ -7,12 +7,14 @@ the features a sequence has."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from runtime.engine.choices import make_choices
 from runtime.engine.config import EngineConfig
 from runtime.engine.constraints import hooks as constraint_hooks
 from runtime.engine.features import features_for
+from runtime.engine.lora.wiring import lora_registry, lora_salt
 from runtime.engine.request import (
     GenerationRequest,
     RequestHandle,
@@ -80,6 +82,11 @@ def validate_request(
     timeout_s = request.timeout_s or config.request_timeout_s
     if request.constraint is not None:
         constraint_hooks.validate(parts.grammars, request)
+    adapter = None
+    if request.lora:  # resident (loaded again if evicted) before the request is queued
+        adapter = lora_registry(parts, config).acquire(request.lora)
+        # its pages are keyed by the adapter: never shared with the base or another adapter
+        request = replace(request, cache_salt=lora_salt(adapter.key, request.cache_salt))
     stats = RequestStats(
         request_id=request.request_id,
         model=request.model or config.model_name,
@@ -93,8 +100,11 @@ def validate_request(
         constraint="none" if request.constraint is None else constraint_hooks.label(request),
         logprobs=params.logprobs is not None or params.prompt_logprobs is not None,
         priority=request.priority,
+        adapter=request.lora or None,
     )
-    return ValidatedRequest(request, ids, stats, deadline=time.monotonic() + timeout_s)
+    return ValidatedRequest(
+        request, ids, stats, deadline=time.monotonic() + timeout_s, lora=adapter
+    )
 
 
 def new_sequence(
@@ -121,7 +131,12 @@ def new_sequence(
             deadline=validated.deadline,
             stop_checker=StopChecker(parts.tokenizer, params, validated.prompt_ids),
             features=features_for(
-                params, index, parts.loaded.device, constraint=constraint, verified=verified
+                params,
+                index,
+                parts.loaded.device,
+                constraint=constraint,
+                verified=verified,
+                lora=validated.lora,
             ),
         )
 

@@ -20,6 +20,8 @@ from runtime.engine.config import EngineConfig
 from runtime.engine.constraints.cache import GrammarCache
 from runtime.engine.constraints.vocab import tokenizer_info
 from runtime.engine.core import EngineCore
+from runtime.engine.lora.registry import LoraRegistry
+from runtime.engine.lora.wiring import build_registry
 from runtime.engine.model_runner import ModelRunner
 from runtime.engine.scheduler import Scheduler
 from runtime.engine.sequence import Sequence
@@ -50,6 +52,7 @@ class EngineParts:
     )  # one encoder forward at a time
     debug_leaked: list[Any] = field(default_factory=list)  # blocks held on purpose (debug setting)
     grammars: GrammarCache | None = None  # structured output; built at load for a causal LM
+    loras: LoraRegistry | None = None  # LoRA adapters (runtime.engine.lora); a causal LM's
 
     def kv_cache_fits(self, num_tokens: int) -> bool:
         """Could a sequence of `num_tokens` ever get KV room (with the cache otherwise empty)?"""
@@ -126,6 +129,7 @@ def build_parts(
     if loaded.is_causal_lm:  # XGrammar's view of the vocabulary: once per loaded model
         info = tokenizer_info(loaded.tokenizer, args.vocab_size)
         parts.grammars = GrammarCache(info, limits=config.grammar)
+    parts.loras = build_registry(config, parts)
     if config.debug_leak_blocks_per_request > 0:
         core.on_close = _debug_leaker(parts, config.debug_leak_blocks_per_request)
     return parts

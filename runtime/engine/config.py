@@ -9,6 +9,7 @@ from typing import Any
 from runtime.engine.batching.controller import BatchPolicyConfig
 from runtime.engine.constraints.limits import GrammarLimits
 from runtime.engine.fair_share import ShareConfig
+from runtime.engine.lora.registry import LoraLimits
 from runtime.engine.scheduler import SchedulerConfig
 from runtime.engine.spec.config import SpecConfig
 from runtime.errors import ConfigError
@@ -65,6 +66,12 @@ class EngineConfig:
     max_request_batch_share: float = 1.0
     max_tenant_batch_share: float = 1.0
     spec: SpecConfig = field(default_factory=SpecConfig)  # speculative decoding (off by default)
+    # LoRA adapters: registered at load (name, PEFT directory), the resident bound, the rank
+    # bound, and the directory adapters must come from (None: anywhere)
+    loras: tuple[tuple[str, str], ...] = ()
+    max_loras: int = 4
+    max_lora_rank: int = 16
+    lora_dir: Path | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_num_seqs <= self.max_num_seqs:
@@ -96,6 +103,8 @@ class EngineConfig:
                 f"(speculative_draft_quant={self.spec.draft_quant}) would be the served weights",
                 param="speculative_draft_quant",
             )
+        if self.max_loras < 1 or self.max_lora_rank < 1:
+            raise ConfigError("max_loras and max_lora_rank must be >= 1", param="max_loras")
         self.batch_policy  # validates the band  # noqa: B018
         self.fast_path  # validates compile / cuda_graphs  # noqa: B018
 
@@ -140,6 +149,10 @@ class EngineConfig:
             "max_request_batch_share": settings.max_request_batch_share,
             "max_tenant_batch_share": settings.max_tenant_batch_share,
             "spec": SpecConfig.from_settings(settings),
+            "loras": tuple(settings.lora_modules().items()),
+            "max_loras": settings.max_loras,
+            "max_lora_rank": settings.max_lora_rank,
+            "lora_dir": settings.lora_dir,
         }
         fields.update(overrides)
         return cls(**fields)
@@ -157,6 +170,10 @@ class EngineConfig:
             max_batch=self.effective_max_num_seqs,
             cache_dir=self.compile_cache_dir,
         )
+
+    @property
+    def lora_limits(self) -> LoraLimits:
+        return LoraLimits(self.max_loras, self.max_lora_rank, self.lora_dir)
 
     @property
     def batch_policy(self) -> BatchPolicyConfig:

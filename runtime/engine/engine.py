@@ -34,6 +34,7 @@ from runtime.engine.config import EngineConfig
 from runtime.engine.embed import EmbeddingResult, embed_texts
 from runtime.engine.grammar_wait import add_when_compiled
 from runtime.engine.load_once import CallOnce
+from runtime.engine.lora.wiring import adapter_owner_ids
 from runtime.engine.request import GenerationRequest, RequestHandle, ValidatedRequest
 from runtime.engine.self_check import IdleSelfCheck, SelfCheckResult
 from runtime.engine.sequence import Sequence
@@ -43,6 +44,7 @@ from runtime.engine.stats import (
     FinishReason,
     KVCacheStats,
     RequestEvent,
+    RequestStats,
     StatsSink,
 )
 from runtime.errors import InvalidRequestError, Overloaded, ServiceUnavailable
@@ -52,6 +54,7 @@ from runtime.models.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from runtime.engine.client import SequenceVerifier
+    from runtime.engine.lora.registry import LoraStats
 
 __all__ = ["EmbeddingResult", "Engine", "EngineConfig"]
 
@@ -101,7 +104,8 @@ class Engine:
             parts.kv_cache,
             parts.allocator,
             label=f"{self.config.model_name}/{self.config.model_version}",
-            live_ids_of=lambda: parts.core.seqs.keys(),
+            # live requests, and the resident adapters' blocks (owner lora:<name>) as theirs
+            live_ids_of=lambda: [*parts.core.seqs.keys(), *adapter_owner_ids(parts.loras)],
         )
         parts.core.on_idle = self.self_check.on_idle
         return parts
@@ -138,7 +142,23 @@ class Engine:
         if self._draining:
             raise ServiceUnavailable("the engine is shutting down", retry_after_s=5.0)
         # the model loads (once) here if nobody has loaded it yet
-        return validate_request(self.config, self._parts, request)
+        try:
+            return validate_request(self.config, self._parts, request)
+        except Overloaded:  # its adapter could not be made resident (every slot busy): a
+            # refusal like admission's, which the engine records itself (see the module doc)
+            if self.sink is not None:
+                now = time.time()
+                stats = RequestStats(
+                    request.request_id,
+                    request.model or self.config.model_name,
+                    request.version,
+                    queued_ts=now,
+                    finished_ts=now,
+                    failure_reason=FailureReason.OVERLOADED,
+                    adapter=request.lora or None,
+                )
+                self.sink.record(finished=[stats])
+            raise
 
     def admit(self, validated: ValidatedRequest) -> RequestHandle:
         """Queue a validated request (Overloaded when admission control refuses it)."""
@@ -237,6 +257,25 @@ class Engine:
 
         return weight_bytes_by_format(self._parts.loaded.model)
 
+    # --- LoRA adapters (runtime.engine.lora) -------------------------------------------------
+    def load_lora(self, name: str, path: str) -> int:
+        """Register and make resident a PEFT adapter; its resident bytes (LoraAdapterError,
+        ConflictError for a name in use, Overloaded when every resident adapter is busy)."""
+        from runtime.engine.lora.wiring import lora_registry
+
+        return lora_registry(self._parts, self.config).register(name, path).nbytes
+
+    def unload_lora(self, name: str) -> None:
+        """Forget an adapter and release its block (running requests finish with it)."""
+        from runtime.engine.lora.wiring import lora_registry
+
+        lora_registry(self._parts, self.config).unregister(name)
+
+    def lora_stats(self) -> LoraStats | None:
+        """Registered / resident adapters, loads, evictions; None for a model without them."""
+        registry = self._parts.loras
+        return None if registry is None else registry.stats()
+
     def kv_cache_stats(self) -> KVCacheStats:
         core = self._parts.core
         with core.lock:
@@ -290,6 +329,8 @@ class Engine:
             self._parts.kv_cache.close()  # the page pool's memory back to the allocator
             if core.runner.drafter is not None:  # self_draft's own page pool too
                 core.runner.drafter.close()
+            if self._parts.loras is not None:  # the adapters' blocks too
+                self._parts.loras.close()
         # the debug leak dies with its engine: the process-wide allocator outlives it (a reload,
         # the next test), and another engine's self-check would count these blocks as its orphans
         for block in self._parts.debug_leaked:

@@ -18,6 +18,7 @@ from runtime.engine.sampling.draw import make_generator
 if TYPE_CHECKING:
     from runtime.engine.choice_group import ChoiceState
     from runtime.engine.constraints.state import ConstraintState
+    from runtime.engine.lora.registry import ResidentAdapter
     from runtime.engine.sampling.params import SamplingParams
 
 __all__ = ["SeqFeatures", "VerifyState", "features_for"]
@@ -38,6 +39,7 @@ class SeqFeatures:
     constraint: ConstraintState | None = None  # its grammar's matcher (structured output)
     logprobs: LogprobState | None = None  # sampled or prompt logprobs asked
     verify: VerifyState | None = None  # sampled for verification (runtime.verify)
+    lora: ResidentAdapter | None = None  # a LoRA adapter's weights (runtime.engine.lora)
 
 
 def features_for(
@@ -47,9 +49,10 @@ def features_for(
     *,
     constraint: ConstraintState | None,
     verified: bool,
+    lora: ResidentAdapter | None = None,
 ) -> SeqFeatures | None:
     """The features slot of choice `index` of a request: None for a plain one."""
-    if params.is_plain and constraint is None and not verified:
+    if params.is_plain and constraint is None and not verified and lora is None:
         return None
     # each choice its own seed stream: seed + index (choice 0 is the plain request's)
     seed = None if params.seed is None else params.seed + index
@@ -61,4 +64,5 @@ def features_for(
         constraint=constraint,
         logprobs=logprobs,
         verify=VerifyState() if verified else None,
+        lora=lora,
     )

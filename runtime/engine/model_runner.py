@@ -14,7 +14,7 @@ any other step calls the model's forward directly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, cast
 
 import torch
@@ -28,6 +28,7 @@ from runtime.models.fast.build import FastPath
 from runtime.models.loader import LoadedModel
 
 if TYPE_CHECKING:
+    from runtime.engine.lora.registry import ResidentAdapter
     from runtime.engine.spec.drafter import SelfDrafter
     from runtime.engine.spec.verify import SpecResult
 
@@ -91,8 +92,21 @@ class ModelRunner:
         """Pack, forward, logits, sample: the token (and logprob, when asked) of each item."""
         if batch.num_draft_tokens:  # speculative rows to verify (runtime.engine.spec)
             return self._execute_with_drafts(batch)
+        if batch.num_lora:  # the one check a step without adapters pays
+            return self._execute_lora(batch)
+        return self._execute(batch)
+
+    def _execute(
+        self, batch: SchedulerOutput, lora: list[ResidentAdapter | None] | None = None
+    ) -> StepOutput:
         input_ids, slices = self._pack(batch.items)
-        hidden = self._forward(input_ids, slices, decode_only=batch.num_prefill_tokens == 0)
+        if lora is None:
+            hidden = self._forward(input_ids, slices, decode_only=batch.num_prefill_tokens == 0)
+        else:
+            from runtime.engine.lora.step import groups_of
+            from runtime.models.lora import lora_forward
+
+            hidden = lora_forward(self.model, input_ids, slices, groups_of(slices, lora))
         if batch.num_featured:  # echo + logprobs: the prompt positions of the chunks that ask
             self._prompt_logprobs(batch.items, slices, hidden)
         sampling_idx = [i for i, item in enumerate(batch.items) if item.samples]
@@ -120,6 +134,22 @@ class ModelRunner:
             step = StepOutput.of(num_items, drafted.plain_idx, drafted.sampling, drafted.sampled)
         step.spec = drafted.spec  # the drafting rows' tokens (their token_ids entries stay None)
         return step
+
+    def _execute_lora(self, batch: SchedulerOutput) -> StepOutput:
+        """Rows ordered by adapter (each adapter's rows one run), then back in batch order."""
+        from runtime.engine.lora.step import arrange
+
+        order, adapters = arrange(batch.items)
+        step = self._execute(replace(batch, items=[batch.items[i] for i in order]), adapters)
+        token_ids: list[int | None] = [None] * len(order)
+        for j, i in enumerate(order):
+            token_ids[i] = step.token_ids[j]
+        logprobs: list[TokenLogprob | None] | None = None
+        if step.logprobs is not None:
+            logprobs = [None] * len(order)
+            for j, i in enumerate(order):
+                logprobs[i] = step.logprobs[j]
+        return StepOutput(token_ids, logprobs, step.forks)
 
     def _pack(self, items: list[ScheduledSeq]) -> tuple[torch.Tensor, list[SeqSlice]]:
         """Every item's new tokens side by side: input_ids [T] and each one's slice of it."""

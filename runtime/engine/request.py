@@ -27,6 +27,7 @@ from runtime.errors import FastllmError, InvalidRequestError, RequestTimeout
 
 if TYPE_CHECKING:
     from runtime.engine.constraints.spec import ConstraintSpec
+    from runtime.engine.lora.registry import ResidentAdapter
     from runtime.models.tokenizer import Tokenizer
 
 
@@ -59,6 +60,7 @@ class GenerationRequest:
     group: str | None = None
     # speculative decoding (when the server has it on): False opts this request out
     speculative: bool = True
+    lora: str = ""  # a LoRA adapter registered on the engine, by name ("": the base model)
 
 
 @dataclass
@@ -69,6 +71,7 @@ class ValidatedRequest:
     prompt_ids: list[int]  # checked against the vocabulary, the context and the KV budget
     stats: RequestStats  # the request's record from here on (queued_ts = validation time)
     deadline: float  # time.monotonic() past which the request fails with RequestTimeout
+    lora: ResidentAdapter | None = None  # the adapter's resident weights, when one was asked
 
 
 def context_room(context: int, num_prompt_tokens: int) -> int:

@@ -129,6 +129,7 @@ class SchedulerOutput:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     num_emitted_tokens: int = 0
+    num_lora: int = 0  # sequences with a LoRA adapter: 0 = the step runs no LoRA code at all
 
     @property
     def is_plain(self) -> bool:
@@ -228,7 +229,8 @@ class Scheduler:
             + item.num_new_tokens * (item.num_new_tokens + 1) // 2
             for item in out.items
         )
-        if self.speculator is not None and out.items:
+        # a step with a LoRA row drafts nothing: verification runs the base forward only
+        if self.speculator is not None and out.items and not out.num_lora:
             self.speculator.plan(out, self._budget_left(out))
         return out
 
@@ -311,6 +313,8 @@ class Scheduler:
         out.items.append(ScheduledSeq(seq, num_tokens))
         out.num_featured += seq.features is not None
         out.num_random += not seq.request.sampling.is_greedy
+        if seq.features is not None and seq.features.lora is not None:
+            out.num_lora += 1
         if self._is_decode(seq, num_tokens):
             out.num_decode_tokens += 1
         else:
@@ -320,6 +324,8 @@ class Scheduler:
         out.items.remove(item)
         out.num_featured -= item.seq.features is not None
         out.num_random -= not item.seq.request.sampling.is_greedy
+        if item.seq.features is not None and item.seq.features.lora is not None:
+            out.num_lora -= 1
         if self._is_decode(item.seq, item.num_new_tokens):
             out.num_decode_tokens -= 1
         else:

@@ -135,6 +135,8 @@ class RequestStats:
             return None
         return self.spec_accepted_tokens / self.spec_draft_tokens
 
+    adapter: str | None = None  # the LoRA adapter the request was served with (None: the base)
+
     @property
     def status(self) -> str:
         if self.failure_reason is not None:

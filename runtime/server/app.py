@@ -30,7 +30,7 @@ from runtime.server.openai import tokenize
 from runtime.server.responses import routes as responses
 from runtime.server.rollout import routes as rollout
 from runtime.server.rollout.wiring import attach_rollout, attach_rollout_sync
-from runtime.server.routes import admin, health, legacy
+from runtime.server.routes import admin, health, legacy, lora
 from runtime.server.state import ServerState
 from runtime.server.status.routes import attach_status_page
 
@@ -57,6 +57,7 @@ def create_app(settings: Settings | None = None, *, state: ServerState | None = 
     )
     app.include_router(responses.router, dependencies=api_key_dependencies(state.settings.api_keys))
     app.include_router(admin.router)
+    app.include_router(lora.router)  # its own auth: the admin token when configured
     app.include_router(rollout.router)
     app.state.rollout = attach_rollout(state)  # canary weights, promotion, automatic rollback
     app.state.rollout_sync = attach_rollout_sync(state, app.state.rollout)  # across replicas

@@ -22,6 +22,8 @@ def _invalid(name: str, problem: str, expected: str) -> ConfigError:
 
 
 def preflight(settings: Settings) -> None:
+    if settings.loras:
+        _check_loras(settings)
     if settings.storage_enabled:
         _check_storage(settings)
     _check_device(settings.device)
@@ -97,3 +99,21 @@ def _check_quantization(settings: Settings) -> None:
             f"{settings.quant_group_size} is not a group size torch's int4 kernel takes",
             ", ".join(map(str, INT4_GROUP_SIZES)),
         )
+
+
+def _check_loras(settings: Settings) -> None:
+    """Each `--lora` read and validated against the model's config now: a bad adapter is one
+    line and exit 2, not a model that fails to load later."""
+    from runtime.models.loader import read_args
+    from runtime.models.lora import LoraAdapterError, read_adapter
+    from runtime.models.lora.peft import resolve_adapter_path
+
+    model = Path(settings.model_path)
+    args = read_args(model) if (model / "config.json").is_file() else None  # GGUF: at load
+    for name, path in settings.lora_modules().items():
+        try:
+            resolved = resolve_adapter_path(path, settings.lora_dir)
+            if args is not None:
+                read_adapter(resolved, args, max_rank=settings.max_lora_rank)
+        except LoraAdapterError as exc:
+            raise ConfigError(f"invalid setting loras (--lora {name}): {exc.message}") from None

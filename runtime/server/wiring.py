@@ -53,6 +53,8 @@ def build_router(settings: Settings, sink: FanOut) -> Router:
         canary_version=settings.canary_version,
         canary_weight=settings.canary_weight,
     )
+    for name in settings.lora_modules():  # the engines register them as they load
+        router.add_adapter(name, settings.served_model_name)
     if settings.embedding_model_path is not None:
         path = Path(settings.embedding_model_path)
         config = EngineConfig.from_settings(settings, model_path=path, model_name=path.name)
@@ -127,6 +129,7 @@ def attach_telemetry(state: ServerState) -> None:
         if monitoring.spec is not None:  # speculative decoding's metrics
             state.stats.add(monitoring.spec)
         attach_self_check_metrics(monitoring.registry, engines)
+        attach_lora_metrics(state, monitoring.registry, engines)
         sets = [engine for _, _, engine in engines if isinstance(engine, ReplicaSet)]
         if sets:  # fastllm_scheduler_steals_total follows the pools' cumulative steal counts
             monitoring.prometheus.set_steals_source(lambda: sum(s.num_steals for s in sets))
@@ -140,6 +143,12 @@ def attach_telemetry(state: ServerState) -> None:
         state.start_span = start_span
     state.on_stop.append(monitoring.shutdown)
     state.monitoring = monitoring
+
+
+def attach_lora_metrics(state: ServerState, registry: Any, engines: list[Any]) -> None:
+    from monitoring.lora_metrics import attach as attach_lora
+
+    state.stats.add(attach_lora(registry, engines))  # fastllm_lora_* (monitoring.lora_metrics)
 
 
 def attach_self_check_metrics(registry: Any, engines: list[tuple[str, str, Any]]) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from runtime.errors import ConfigError, ModelNotFoundError
+from runtime.errors import ConfigError, ConflictError, ModelNotFoundError
 
 if TYPE_CHECKING:
     from runtime.engine.client import EngineClient
@@ -47,6 +47,13 @@ class Route:
     model: str
     version: str
     engine: EngineClient
+    adapter: str = ""  # a LoRA adapter's name (`model` then names it too); "": the base model
+    parent: str = ""  # with an adapter: the base model it was loaded on
+
+    @property
+    def base_model(self) -> str:
+        """The served model this request runs on (an adapter's parent)."""
+        return self.parent or self.model
 
 
 def user_fraction(user: str) -> float:
@@ -59,6 +66,23 @@ def user_fraction(user: str) -> float:
 class Router:
     routes: dict[str, ModelRoute] = field(default_factory=dict)
     rng: random.Random = field(default_factory=random.Random)
+    adapters: dict[str, str] = field(default_factory=dict)  # LoRA adapter -> its parent model
+
+    def add_adapter(self, name: str, parent: str) -> None:
+        """`name` selects adapter `name` on `parent`'s engines (registered there first)."""
+        self.route_of(parent)
+        if name in self.routes or name in self.adapters:
+            raise ConflictError(f"model name {name!r} is already served", param="lora_name")
+        self.adapters[name] = parent
+
+    def remove_adapter(self, name: str) -> str:
+        """Forget the adapter's name; returns its parent."""
+        parent = self.adapters.pop(name, None)
+        if parent is None:
+            raise ModelNotFoundError(
+                f"adapter {name!r} is not loaded", param="lora_name", code="model_not_found"
+            )
+        return parent
 
     def add(
         self,
@@ -115,6 +139,10 @@ class Router:
         return route.stable
 
     def pick(self, model: str, *, user: str | None = None) -> Route:
+        parent = self.adapters.get(model)
+        if parent is not None and model not in self.routes:  # a LoRA adapter on its parent
+            base = self.pick(parent, user=user)
+            return replace(base, model=model, adapter=model, parent=base.model)
         route = self.route_of(model)
         version = route.stable
         if route.canary is not None and route.canary_weight > 0.0:

@@ -31,6 +31,7 @@ from torch import Tensor
 from runtime.models import ops
 from runtime.models.base import CausalLM
 from runtime.models.layers import DecoderLayer, Linear, RMSNorm
+from runtime.models.lora.weights import LoraWeights
 from runtime.models.quant import QuantizedLinear
 
 
@@ -78,16 +79,43 @@ def _norm(x: Tensor, norm: RMSNorm, offset: float) -> Tensor:
     return ops.rms_norm_ref(x, norm.weight, norm.eps, offset=offset)
 
 
+def _lora(
+    out: Tensor,
+    x: Tensor,
+    spans: list[tuple[int, int]],
+    adapters: Sequence[LoraWeights | None] | None,
+    layer: int,
+    fused: str,
+) -> Tensor:
+    """out [T, o] + each adapted sequence's LoRA delta of projection `fused`, in fp32 (the
+    same fused A^T / scaled B^T the production path reads, upcast)."""
+    if adapters is None:
+        return out
+    for (start, end), weights in zip(spans, adapters, strict=True):
+        pair = None if weights is None else getattr(weights.layers[layer], fused)
+        if pair is not None:
+            a_t, b_t = pair
+            delta = (x[start:end] @ a_t.float()) @ b_t.float()
+            out[start:end] += delta  # `out` is the fresh output of _linear
+    return out
+
+
 @torch.inference_mode()
 def reference_forward(
-    model: CausalLM, seqs: Sequence[tuple[Sequence[int], int]], *, capture_layer: int
+    model: CausalLM,
+    seqs: Sequence[tuple[Sequence[int], int]],
+    *,
+    capture_layer: int,
+    adapters: Sequence[LoraWeights | None] | None = None,
 ) -> ReferenceResult:
     """`seqs`: (token_ids, chosen_token_id) per sequence, token_ids the full sequence the final
     production step saw (prompt + all outputs but the last). Returns the fp32 reference logit of
-    each chosen token at its sequence's last position, and the captured op inputs."""
+    each chosen token at its sequence's last position, and the captured op inputs.
+    `adapters`: per sequence, the LoRA adapter it was served with (None: the base model)."""
     args = model.args
     device = model.embed_tokens.weight.device
     lengths = [len(ids) for ids, _ in seqs]
+    spans = [(end - n, end) for n, end in zip(lengths, itertools.accumulate(lengths), strict=True)]
     flat = [t for ids, _ in seqs for t in ids]
     ids = torch.tensor(flat, dtype=torch.long, device=device)  # [T]
     positions = torch.tensor([i for n in lengths for i in range(n)], device=device)
@@ -101,7 +129,9 @@ def reference_forward(
         layer = cast(DecoderLayer, module)
         attn, mlp = layer.attn, layer.mlp
         normed = _norm(x, layer.input_norm, offset)
-        qkv = _linear(normed, attn.qkv_proj).split([args.q_size, args.kv_size, args.kv_size], -1)
+        qkv = _lora(_linear(normed, attn.qkv_proj), normed, spans, adapters, i, "qkv").split(
+            [args.q_size, args.kv_size, args.kv_size], -1
+        )
         q = qkv[0].reshape(num_tokens, args.num_heads, args.head_dim)
         k = qkv[1].reshape(num_tokens, args.num_kv_heads, args.head_dim)
         v = qkv[2].reshape(num_tokens, args.num_kv_heads, args.head_dim)
@@ -113,8 +143,11 @@ def reference_forward(
             for q_seq, k_seq, v_seq in zip(qs, ks, vs, strict=True)
         ]
         out = torch.cat(outs, dim=1).transpose(0, 1).reshape(num_tokens, args.q_size)
-        h = x + _linear(out, attn.o_proj)
-        gate_up = _linear(_norm(h, layer.post_attn_norm, offset), mlp.gate_up_proj)
+        h = x + _lora(_linear(out, attn.o_proj), out, spans, adapters, i, "o")
+        normed_h = _norm(h, layer.post_attn_norm, offset)
+        gate_up = _lora(
+            _linear(normed_h, mlp.gate_up_proj), normed_h, spans, adapters, i, "gate_up"
+        )
         gate, up = gate_up.split([mlp.inter, mlp.inter], -1)
         if i == capture_layer:
             captured = OpInputs(
@@ -136,7 +169,8 @@ def reference_forward(
                 gate=gate,
                 up=up,
             )
-        x = h + _linear(getattr(ops, f"{mlp.act}_ref")(gate, up), mlp.down_proj)
+        act = getattr(ops, f"{mlp.act}_ref")(gate, up)
+        x = h + _lora(_linear(act, mlp.down_proj), act, spans, adapters, i, "down")
     last_rows = torch.tensor(list(itertools.accumulate(lengths)), device=device) - 1
     last = _norm(x[last_rows], model.norm, offset)  # [N, H]
     chosen = torch.tensor([token for _, token in seqs], device=device)

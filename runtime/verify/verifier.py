@@ -31,6 +31,7 @@ from torch import nn
 
 from runtime.engine.stats import FinishReason, StatsSink, VerificationResult
 from runtime.engine.threads import apply_num_threads
+from runtime.models.lora.weights import LoraWeights
 from runtime.verify.probes import probe_ops
 from runtime.verify.reference import reference_forward
 from runtime.verify.tolerance import (
@@ -76,6 +77,7 @@ class VerifyJob:
     token_ids: tuple[int, ...]  # prompt + outputs but the last: what the final step saw
     chosen_token_id: int  # the last output token
     chosen_logit: float  # its production logit in the final step
+    lora: LoraWeights | None = None  # the LoRA adapter it was served with (None: the base)
 
 
 def verify_jobs(jobs: list[VerifyJob], threshold: float | None = None) -> list[VerificationResult]:
@@ -94,7 +96,8 @@ def verify_jobs(jobs: list[VerifyJob], threshold: float | None = None) -> list[V
     digest = hashlib.blake2b(jobs[0].request_id.encode(), digest_size=4).digest()
     layer = int.from_bytes(digest, "big") % model.args.num_layers  # spread over the layers
     seqs = [(job.token_ids, job.chosen_token_id) for job in jobs]
-    ref = reference_forward(model, seqs, capture_layer=layer)
+    adapters = [job.lora for job in jobs] if any(job.lora for job in jobs) else None
+    ref = reference_forward(model, seqs, capture_layer=layer, adapters=adapters)
     per_op = probe_ops(ref.inputs, dtype)
     now = time.time()
     results = []
@@ -109,6 +112,13 @@ def verify_jobs(jobs: list[VerifyJob], threshold: float | None = None) -> list[V
                 )
             )
     return results
+
+
+def _adapter_of(seq: Sequence) -> LoraWeights | None:
+    """The LoRA weights the sequence was served with (the reference applies them too)."""
+    features = getattr(seq, "features", None)  # a stand-in sequence may have no slot at all
+    lora = None if features is None else features.lora
+    return None if lora is None else lora.weights
 
 
 def _quantization(model: nn.Module) -> str:
@@ -190,6 +200,7 @@ class Verifier:
                 token_ids=(*seq.prompt_token_ids, *seq.output_token_ids[:-1]),
                 chosen_token_id=seq.output_token_ids[-1],
                 chosen_logit=seq.chosen_logit,
+                lora=_adapter_of(seq),
             )
         except Exception:
             log.exception("verify: could not build a job for %s", seq.request_id)

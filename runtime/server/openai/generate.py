@@ -109,12 +109,14 @@ def submit(
             "gen_ai.request.model": route.model,
             "gen_ai.request.max_tokens": params.max_tokens,
         }
+        if route.adapter:  # the LoRA adapter the request selected by `model`
+            attributes["fastllm.lora.adapter"] = route.adapter
         state.start_span(request_id, traceparent, attributes)
     generation = GenerationRequest(
         request_id=request_id,
         prompt_token_ids=prompt_ids,
         sampling=params,
-        model=route.model,
+        model=route.base_model,
         version=route.version,
         operation=operation,
         traceparent=traceparent,
@@ -128,6 +130,7 @@ def submit(
         else priority,
         group=getattr(request.state, "request_id", None),  # a batch's prompts: one group
         speculative=speculative,
+        lora=route.adapter,
     )
     if state.tenants is not None:
         state.tenants.expect(request_id, tenant)

@@ -101,6 +101,7 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "fastllm"
+    parent: str | None = None  # a LoRA adapter: the model it runs on (None: a base model)
 
 
 class ModelList(BaseModel):

@@ -333,4 +333,8 @@ def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
 async def list_models(request: Request) -> Response | ModelList:
     state = get_state(request)
     cards = [ModelCard(id=name, created=state.created) for name in state.router.model_names]
+    cards += [
+        ModelCard(id=name, created=state.created, parent=parent)
+        for name, parent in sorted(state.router.adapters.items())
+    ]
     return ModelList(data=cards)

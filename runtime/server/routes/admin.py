@@ -42,6 +42,8 @@ class MemoryReport(BaseModel):
     # one per model version: quantization and resident weight bytes by format (int8, int4, fp8
     # or the float dtype)
     weights: list[dict[str, Any]] = []
+    # one per model version serving LoRA adapters: resident bytes per adapter, loads, evictions
+    loras: list[dict[str, Any]] = []
 
 
 class TenantPrefixCache(BaseModel):
@@ -100,8 +102,11 @@ async def set_batch_goal(body: BatchGoalRequest, request: Request) -> BatchPolic
 @router.get("/memory", response_model=MemoryReport)
 async def memory(request: Request) -> MemoryReport:
     seen: set[str] = set()
-    allocators, kv_caches, weights = [], [], []
+    allocators, kv_caches, weights, loras = [], [], [], []
     for model, version, engine in _loaded_engines(request):
+        lora = getattr(engine, "lora_stats", lambda: None)()
+        if lora is not None:
+            loras.append({"model": model, "version": version, **_lora_row(lora)})
         kv = engine.kv_cache_stats()
         kv_caches.append({"model": model, "version": version, **asdict(kv)})
         summary = engine.loaded.quantization
@@ -128,7 +133,16 @@ async def memory(request: Request) -> MemoryReport:
                 "live_blocks": [asdict(b) for b in engine.leak_report()],
             }
         )
-    return MemoryReport(allocators=allocators, kv_caches=kv_caches, weights=weights)
+    return MemoryReport(allocators=allocators, kv_caches=kv_caches, weights=weights, loras=loras)
+
+
+def _lora_row(stats: Any) -> dict[str, Any]:
+    return {
+        "bytes_by_adapter": stats.resident_bytes,  # the allocator blocks, owner lora:<name>
+        "registered": stats.registered,
+        "loads_total": stats.loads_total,
+        "evictions_total": stats.evictions_total,
+    }
 
 
 @router.get("/prefix-cache", response_model=PrefixCacheReport)

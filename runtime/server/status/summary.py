@@ -29,6 +29,9 @@ class ServedVersion:
     # the last idle self-check (runtime.engine.self_check): None before the first
     kv_leaked_pages: int | None = None
     allocator_orphan_blocks: int | None = None
+    # LoRA adapters (runtime.engine.lora): registered names and those resident; None: none
+    lora_registered: list[str] | None = None
+    lora_resident: list[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,7 @@ def served_versions(state: ServerState) -> list[ServedVersion]:
             share = weight if version is route.canary else 1.0 - weight
             policy = engine.batch_policy if engine.is_loaded else None
             check = getattr(engine, "self_check_result", lambda: None)()
+            lora = getattr(engine, "lora_stats", lambda: None)() if engine.is_loaded else None
             out.append(
                 ServedVersion(
                     model=route.model,
@@ -89,6 +93,8 @@ def served_versions(state: ServerState) -> list[ServedVersion]:
                     max_util=policy.max_util if policy else None,
                     kv_leaked_pages=check.leaked_pages if check else None,
                     allocator_orphan_blocks=check.orphan_blocks if check else None,
+                    lora_registered=lora.registered if lora and lora.registered else None,
+                    lora_resident=sorted(lora.resident_bytes) if lora and lora.registered else None,
                 )
             )
     return out

@@ -1,7 +1,7 @@
 """inference_log.spec_draft_tokens, .spec_accepted_tokens: speculative decoding per request
 
 Revision ID: 0007
-Revises: 0005
+Revises: 0006
 Create Date: 2026-12-05
 
 The tokens drafted for a request (n-gram or self-draft, every choice) and how many of them the
@@ -9,7 +9,6 @@ model accepted; the request's acceptance is their ratio. Nullable: NULL for a re
 drafted for (speculation off, opted out, or never drafting) and for rows written before this
 revision. Batch mode so SQLite takes the same path as PostgreSQL.
 
-(Revises 0005 on the branch that added it; the merge puts it after 0006.)
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0007"
-down_revision: str | None = "0005"
+down_revision: str | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -45,6 +45,11 @@ function renderServed(box, server, alerts) {
         : `, self-check: ${v.kv_leaked_pages} KV pages leaked, ${v.allocator_orphan_blocks} orphan blocks`;
       make("span", leaks === 0 ? "" : "warn", item, text);
     }
+    if (v.lora_registered) {
+      // LoRA adapters served on this version: how many, and which hold resident weights now
+      const resident = v.lora_resident.length ? v.lora_resident.join(", ") : "none";
+      make("span", "", item, `, LoRA adapters ${v.lora_registered.length} (resident: ${resident})`);
+    }
   }
   make("span", "fact", box, `device ${server.device}`);
   make("span", "fact", box, `up ${formatDuration(server.uptime_s)}`);
