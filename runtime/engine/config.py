@@ -56,6 +56,13 @@ class EngineConfig:
     # root of the compiled step's on-disk caches, a directory per model under it; None:
     # $XDG_CACHE_HOME/fastllm/compile (runtime.models.fast.compile_cache)
     compile_cache_dir: Path | None = None
+    # tensor parallelism (runtime.engine.tp): ranks of one model; 1 = this process alone
+    tensor_parallel_size: int = 1
+    tensor_parallel_timeout_s: float = 60.0  # a collective's longest wait for a rank
+    # False: the workers are started elsewhere (LeaderWorkerSet pods) and join MASTER_ADDR:PORT
+    tensor_parallel_spawn: bool = True
+    tensor_parallel_master_addr: str = "127.0.0.1"
+    tensor_parallel_master_port: int = 0  # 0: a free port (spawned workers)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_num_seqs <= self.max_num_seqs:
@@ -113,6 +120,11 @@ class EngineConfig:
             "debug_leak_blocks_per_request": settings.debug_leak_blocks_per_request,
             "grammar": GrammarLimits.from_settings(settings),
             "compile_cache_dir": settings.compile_cache_dir,
+            "tensor_parallel_size": settings.tensor_parallel_size,
+            "tensor_parallel_timeout_s": settings.tensor_parallel_timeout_s,
+            "tensor_parallel_spawn": settings.tensor_parallel_spawn,
+            "tensor_parallel_master_addr": settings.tensor_parallel_master_addr,
+            "tensor_parallel_master_port": settings.tensor_parallel_master_port,
         }
         fields.update(overrides)
         return cls(**fields)

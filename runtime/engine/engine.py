@@ -288,6 +288,8 @@ class Engine:
             self._parts.grammars.close()
         if not core.is_running:
             self._parts.kv_cache.close()  # the page pool's memory back to the allocator
+        if self._parts.loaded.parallel is not None:  # tensor parallel: stop the workers
+            self._parts.loaded.parallel.shutdown()
         # the debug leak dies with its engine: the process-wide allocator outlives it (a reload,
         # the next test), and another engine's self-check would count these blocks as its orphans
         for block in self._parts.debug_leaked:
