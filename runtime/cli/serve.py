@@ -73,6 +73,13 @@ from runtime.memory.host_malloc import (
     "balanced (0.6-0.8, the default band) or throughput (0.9-1.0: within 10% of the best "
     "batch's tokens/s, longer steps)",
 )
+@click.option(
+    "--tensor-parallel-size",
+    type=Bounded(1, 64),
+    default=None,
+    help="split the model over N ranks (this process and N-1 spawned workers; gloo on CPU, "
+    "NCCL on CUDA); default 1",
+)
 def command(
     model_path: Path | None,
     host: str | None,
@@ -87,6 +94,7 @@ def command(
     quantize_lm_head: bool | None,
     num_threads: int | None,
     batch_goal: str | None,
+    tensor_parallel_size: int | None,
 ) -> None:
     """Serve a model over the OpenAI-compatible API until SIGTERM (then drain and exit 0).
 
@@ -117,6 +125,7 @@ def command(
         quantize_lm_head=quantize_lm_head,
         num_threads=num_threads,
         batch_goal=batch_goal,
+        tensor_parallel_size=tensor_parallel_size,
     )
     allocator = _ensure_malloc(settings.malloc)  # may re-execute this process on jemalloc
     if "model_path" not in settings.model_fields_set:  # bare: the packaged real model if any
@@ -137,6 +146,11 @@ def command(
 
             Tokenizer.from_dir(Path(path))  # its vocabulary and chat template: refused here
     preflight(settings)  # a setting that cannot work: one line and exit 2, not a traceback
+    if settings.tensor_parallel_size > 1:  # sizes that do not divide the model: one line too
+        from runtime.engine.config import EngineConfig
+        from runtime.engine.tp.build import check as check_tensor_parallel
+
+        check_tensor_parallel(EngineConfig.from_settings(settings))
     configure_logging(log_level)
     if allocator != "jemalloc" and settings.malloc == "auto":
         logging.getLogger("fastllm.server").info(

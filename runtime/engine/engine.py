@@ -262,6 +262,12 @@ class Engine:
     def is_draining(self) -> bool:
         return self._draining
 
+    def tp_worker_restarts(self) -> int | None:
+        """Tensor-parallel worker restarts so far; None: no workers (or not loaded yet)."""
+        if not self.is_loaded or self._parts.loaded.parallel is None:
+            return None
+        return int(self._parts.loaded.parallel.num_restarts)
+
     def shutdown(self, drain_timeout_s: float = 0.0) -> None:
         """Stop admitting (ServiceUnavailable), let in-flight requests finish within the grace,
         fail what is left with ServiceUnavailable, free its KV and stop the loop thread."""

@@ -35,9 +35,11 @@ class WorkerSpec:
         return "nccl" if self.device.startswith("cuda") else "gloo"
 
     def device_of(self, rank: int) -> torch.device:
-        return (
-            torch.device(f"cuda:{rank}") if self.device.startswith("cuda") else torch.device("cpu")
-        )
+        """Rank r's device: cuda:(r mod the node's GPUs), so ranks on several nodes (one
+        LeaderWorkerSet pod each, or several GPUs a pod) each find a local device."""
+        if not self.device.startswith("cuda"):
+            return torch.device("cpu")
+        return torch.device(f"cuda:{rank % max(1, torch.cuda.device_count())}")
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from prometheus_client import CollectorRegistry
 
+from monitoring.tp_metrics import TPRestartsCollector
 from runtime.engine.engine import Engine
 from runtime.engine.tp import PoolSpec, StepMessage, TPWorld, WorkerSpec
 from runtime.engine.tp.build import check
@@ -162,6 +164,12 @@ def test_killed_worker_fails_in_flight_then_restarts(engines: tuple[Engine, Engi
     assert info.value.http_status == 503
     assert "tensor-parallel worker lost" in str(info.value)
     assert world.num_restarts == restarts + 1
+    registry = CollectorRegistry()
+    registry.register(TPRestartsCollector([("tiny", "v1", two.tp_worker_restarts)]))
+    sample = registry.get_sample_value(
+        "fastllm_tp_worker_restarts_total", {"model": "tiny", "version": "v1"}
+    )
+    assert sample == restarts + 1
     one_result = _tokens(two, [PROMPTS[1]])
     assert len(one_result[0]) == 32
     assert two.kv_cache_stats().num_used_pages == 0
