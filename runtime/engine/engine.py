@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from runtime.engine.admission import close_features, new_sequence, validate_request
 from runtime.engine.batching.controller import (
@@ -267,6 +267,15 @@ class Engine:
         if not self.is_loaded or self._parts.loaded.parallel is None:
             return None
         return int(self._parts.loaded.parallel.num_restarts)
+
+    def tp_memory(self) -> list[dict[str, Any]] | None:
+        """Tensor parallelism: each rank's memory (runtime.engine.tp.build.memory_rows); None
+        without workers."""
+        if not self.is_loaded or self._parts.loaded.parallel is None:
+            return None
+        from runtime.engine.tp.build import memory_rows
+
+        return memory_rows(self._parts.loaded, self._parts.kv_cache)
 
     def shutdown(self, drain_timeout_s: float = 0.0) -> None:
         """Stop admitting (ServiceUnavailable), let in-flight requests finish within the grace,

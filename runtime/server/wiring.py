@@ -138,7 +138,8 @@ def attach_tp_metrics(registry: Any, engines: list[tuple[str, str, Any]]) -> Non
 
     none: Callable[[], Any] = lambda: None  # noqa: E731 - an engine without workers
     sources = [(m, v, getattr(e, "tp_worker_restarts", none)) for m, v, e in engines]
-    registry.register(TPRestartsCollector(sources))
+    memory = [(m, v, getattr(e, "tp_memory", none)) for m, v, e in engines]
+    registry.register(TPRestartsCollector(sources, memory))
 
 
 def attach_verification(state: ServerState) -> None:

@@ -3,7 +3,9 @@ the engine's call-once load), and rank 0's runner (once the KV pool exists)."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -85,3 +87,12 @@ def load_parallel(config: EngineConfig) -> LoadedModel:
 def make_runner(loaded: LoadedModel, kv_cache: KVCache) -> TPModelRunner:
     assert isinstance(loaded.parallel, TPWorld)
     return TPModelRunner(loaded, loaded.parallel, kv_cache)
+
+
+def memory_rows(loaded: LoadedModel, kv_cache: KVCache) -> list[dict[str, Any]]:
+    """Each rank's memory for /admin/memory and fastllm_tp_rank_memory_bytes."""
+    assert isinstance(loaded.parallel, TPWorld)
+    weights = sum(t.numel() * t.element_size() for t in loaded.model.state_dict().values())
+    pool = kv_cache.pool.data
+    rows = loaded.parallel.memory(pool.numel() * pool.element_size(), weights)
+    return [asdict(row) for row in rows]

@@ -18,17 +18,37 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing as mp
+import os
 import socket
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
+
+import psutil
 
 from runtime.engine.tp import group
 from runtime.engine.tp.messages import SHUTDOWN, PoolSpec, StepMessage, WorkerSpec
 from runtime.engine.tp.worker import worker_main
 
 log = logging.getLogger("fastllm.tp")
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    rank: int
+    pid: int | None
+    rss_bytes: int | None
+    kv_pool_bytes: int
+    weight_bytes: int
+    alive: bool
+
+
+def _rss(pid: int) -> int | None:
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except (psutil.Error, OSError):  # gone between the check and the read
+        return None
 
 
 def free_port() -> int:
@@ -107,6 +127,18 @@ class TPWorld:
             return
         self.num_restarts += 1
         log.warning("tensor parallel: workers restarted (%d so far)", self.num_restarts)
+
+    def memory(self, kv_pool_bytes: int, weight_bytes: int) -> list[RankMemory]:
+        """Per rank: resident memory (the OS's RSS of its process: None for a worker this
+        process did not start), its KV pool and its weights. Ranks hold equal shards and pools
+        of the same geometry, so the pool and weight bytes are rank 0's; RSS is read from each
+        process (psutil), never by a collective, so it is safe from any thread."""
+        rows = [RankMemory(0, os.getpid(), _rss(os.getpid()), kv_pool_bytes, weight_bytes, True)]
+        for rank, proc in enumerate(list(self.procs), start=1):
+            alive = proc.is_alive()
+            rss = _rss(proc.pid) if alive and proc.pid is not None else None
+            rows.append(RankMemory(rank, proc.pid, rss, kv_pool_bytes, weight_bytes, alive))
+        return rows
 
     def shutdown(self) -> None:
         self._stop_workers(graceful=True)

@@ -42,6 +42,9 @@ class MemoryReport(BaseModel):
     # one per model version: quantization and resident weight bytes by format (int8, int4, fp8
     # or the float dtype)
     weights: list[dict[str, Any]] = []
+    # tensor parallelism: one row per rank of each split model (RSS, KV pool, weights); empty
+    # without tensor parallelism
+    tp_ranks: list[dict[str, Any]] = []
 
 
 class TenantPrefixCache(BaseModel):
@@ -101,7 +104,10 @@ async def set_batch_goal(body: BatchGoalRequest, request: Request) -> BatchPolic
 async def memory(request: Request) -> MemoryReport:
     seen: set[str] = set()
     allocators, kv_caches, weights = [], [], []
+    tp_ranks: list[dict[str, Any]] = []
     for model, version, engine in _loaded_engines(request):
+        ranks = getattr(engine, "tp_memory", lambda: None)()
+        tp_ranks += [{"model": model, "version": version, **row} for row in ranks or []]
         kv = engine.kv_cache_stats()
         kv_caches.append({"model": model, "version": version, **asdict(kv)})
         summary = engine.loaded.quantization
@@ -128,7 +134,9 @@ async def memory(request: Request) -> MemoryReport:
                 "live_blocks": [asdict(b) for b in engine.leak_report()],
             }
         )
-    return MemoryReport(allocators=allocators, kv_caches=kv_caches, weights=weights)
+    return MemoryReport(
+        allocators=allocators, kv_caches=kv_caches, weights=weights, tp_ranks=tp_ranks
+    )
 
 
 @router.get("/prefix-cache", response_model=PrefixCacheReport)

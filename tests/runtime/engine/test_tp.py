@@ -8,6 +8,7 @@ is left held; sizes that do not divide the model: one line."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -171,6 +172,24 @@ def test_engine_greedy_tokens_match_one_process(engines: tuple[Engine, Engine]) 
     # the same prompts again: prefix-cache hits on rank 0's pages, the workers' pages reused
     assert _tokens(two, PROMPTS) == expected
     assert two.kv_cache_stats().prefix_hit_tokens > 0
+
+
+def test_memory_per_rank(engines: tuple[Engine, Engine]) -> None:
+    _, two = engines
+    world = two._parts.loaded.parallel
+    assert isinstance(world, TPWorld)
+    rows = two.tp_memory()
+    assert rows is not None and [r["rank"] for r in rows] == [0, 1]
+    assert rows[1]["pid"] == world.procs[0].pid and rows[0]["pid"] == os.getpid()
+    pool = two._parts.kv_cache.pool.data
+    for row in rows:
+        assert row["alive"] and row["rss_bytes"] > 0
+        assert row["kv_pool_bytes"] == pool.numel() * 4  # fp32, this rank's KV heads
+        assert row["weight_bytes"] > 0
+    registry = CollectorRegistry()
+    registry.register(TPRestartsCollector([], [("tiny", "v1", two.tp_memory)]))
+    labels = {"model": "tiny", "version": "v1", "rank": "1", "type": "kv_pool"}
+    assert registry.get_sample_value("fastllm_tp_rank_memory_bytes", labels) == pool.numel() * 4
 
 
 def test_engine_n_choices_match_one_process(engines: tuple[Engine, Engine]) -> None:
