@@ -8,11 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed
 
 from runtime.engine.config import EngineConfig
 from runtime.engine.tp.messages import WorkerSpec
 from runtime.engine.tp.runner import TPModelRunner
 from runtime.engine.tp.world import TPWorld
+from runtime.errors import ConfigError
 from runtime.memory.kv_cache import KVCache
 from runtime.models.config import ModelArgs
 from runtime.models.gguf_io.reader import is_gguf
@@ -36,8 +38,6 @@ def check(config: EngineConfig) -> None:
     check_tp(model_args_of(Path(config.model_path)), config.tensor_parallel_size)
     device = resolve_device(config.device)
     if device.type == "cuda" and torch.cuda.device_count() < config.tensor_parallel_size:
-        from runtime.errors import ConfigError
-
         raise ConfigError(
             f"tensor_parallel_size {config.tensor_parallel_size} needs as many GPUs; "
             f"{torch.cuda.device_count()} visible",
@@ -48,6 +48,12 @@ def check(config: EngineConfig) -> None:
 def load_parallel(config: EngineConfig) -> LoadedModel:
     """Start the workers (they load their shards), then load rank 0's."""
     check(config)
+    if torch.distributed.is_initialized():  # its default group is per process
+        raise ConfigError(
+            "one tensor-parallel engine per process: this one already has a process group "
+            "(serve the canary or a second split model from another server)",
+            param="tensor_parallel_size",
+        )
     assert config.model_path is not None
     device = resolve_device(config.device)
     spec = WorkerSpec(

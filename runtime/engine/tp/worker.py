@@ -58,7 +58,7 @@ def worker_main(spec: WorkerSpec, rank: int, watch_parent: bool = True) -> None:
             quant_group_size=spec.quant_group_size,
             quantize_lm_head=spec.quantize_lm_head,
         )
-        pool_spec = group.broadcast(None, control)
+        pool_spec = group.broadcast(None, None)  # the default group: waits while ranks load
         assert isinstance(pool_spec, PoolSpec)
         pool = WorkerPool(pool_spec, loaded.dtype, device)
         scratch = GatherScratch(loaded.dtype, device)

@@ -100,7 +100,8 @@ class TPWorld:
 
     def send_pool(self, pool: PoolSpec) -> None:
         self.pool = pool
-        group.broadcast(pool, self.control)
+        # on the default group (the joining wait): a worker may still be loading its shard
+        group.broadcast(pool, None)
 
     def dead_ranks(self) -> list[int]:
         return [rank for rank, proc in enumerate(self.procs, start=1) if not proc.is_alive()]

@@ -9,6 +9,7 @@ is left held; sizes that do not divide the model: one line."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -21,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from monitoring.tp_metrics import TPRestartsCollector
 from runtime.engine.engine import Engine
 from runtime.engine.tp import PoolSpec, StepMessage, TPWorld, WorkerSpec
-from runtime.engine.tp.build import check
+from runtime.engine.tp.build import check, load_parallel
 from runtime.errors import ConfigError, ServiceUnavailable
 from runtime.memory.kv_cache import SequenceKV
 from runtime.models.batch_plan import SeqSlice
@@ -150,7 +151,7 @@ def engines(demo_model_dir: Callable[[str], Path]) -> Iterator[tuple[Engine, Eng
         "num_threads": 1,
     }
     one = Engine(engine_config(**common))
-    two = Engine(engine_config(**common, tensor_parallel_size=2, tensor_parallel_timeout_s=60.0))
+    two = Engine(engine_config(**common, tensor_parallel_size=2, tensor_parallel_timeout_s=10.0))
     yield one, two
     two.shutdown()
     one.shutdown()
@@ -225,3 +226,29 @@ def test_killed_worker_fails_in_flight_then_restarts(engines: tuple[Engine, Engi
     assert two.kv_cache_stats().num_used_pages == 0
     # the restarted workers' pools are empty: rank 0 forgot its cached prefixes with them
     assert [b.owner for b in two.leak_report() if not b.owner.startswith("kv-cache:")] == []
+
+
+def test_hung_worker_times_out_instead_of_hanging(engines: tuple[Engine, Engine]) -> None:
+    """A worker that stops answering (SIGSTOP: alive, silent) fails the step after the
+    collective timeout (10 s here), not never; it is killed and replaced like a dead one."""
+    _, two = engines
+    world = two._parts.loaded.parallel
+    assert isinstance(world, TPWorld)
+    restarts = world.num_restarts
+    os.kill(world.procs[0].pid, signal.SIGSTOP)  # our own child, by its pid
+    with pytest.raises(ServiceUnavailable):
+        two.submit(request("stuck", PROMPTS[0], greedy(8))).result(timeout=300)
+    assert world.num_restarts == restarts + 1
+    assert len(_tokens(two, [PROMPTS[1]])[0]) == 32
+
+
+def test_one_tensor_parallel_engine_per_process(
+    engines: tuple[Engine, Engine], demo_model_dir: Callable[[str], Path]
+) -> None:
+    """torch.distributed has one default group per process: a second TP engine is refused with
+    one line, and the first keeps serving."""
+    _, two = engines
+    config = engine_config(model_path=demo_model_dir("llama"), tensor_parallel_size=2)
+    with pytest.raises(ConfigError, match="one tensor-parallel engine per process"):
+        load_parallel(config)
+    assert len(_tokens(two, [PROMPTS[1]])[0]) == 32
