@@ -108,6 +108,8 @@ def load_shard(
         if quantize_lm_head:
             quantize_head(model, summary)
     assert isinstance(model, CausalLM)
+    # what a reference path (runtime.verify) checks: a shard's own forward is not the model's
+    vars(model)["tp_world"] = spec.world  # a plain attribute (nn.Module types its setattr)
     if spec.is_sharded:
         for layer in model.layers:
             assert isinstance(layer, DecoderLayer)
