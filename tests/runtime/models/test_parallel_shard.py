@@ -16,7 +16,7 @@ from runtime.models.config import ModelArgs
 from runtime.models.gguf_io.reader import open_gguf
 from runtime.models.gguf_io.source import GGUFSource
 from runtime.models.loader import read_args, read_state
-from runtime.models.parallel.load import ShardedSource
+from runtime.models.parallel.load import ShardedSource, load_shard
 from runtime.models.parallel.shard import ShardSpec, shard_args, slice_of
 from tests.runtime.models.gguf_files import write_gguf
 
@@ -66,3 +66,18 @@ def test_shard_state_fits_the_shard_model(demo_model_dir: Callable[[str], Path])
         model = LlamaForCausalLM(sharded)
     model.load_state_dict(state, strict=True, assign=True)  # every name, every shape
     assert model.layers[0].attn.o_proj.weight_t.shape == (2 * args.head_dim, args.hidden_size)
+
+
+def test_gguf_shard_equals_safetensors_shard(
+    demo_model_dir: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """The same rank's shard from the checkpoint and from its F32 GGUF export: equal weights
+    (the GGUF path decodes each tensor, restores rope rows, then narrows)."""
+    model_dir = demo_model_dir("llama")
+    gguf = write_gguf(model_dir, tmp_path / "model.gguf")
+    spec = ShardSpec(1, 2)
+    from_dir = load_shard(model_dir, spec, load_tokenizer=False).model.state_dict()
+    from_gguf = load_shard(gguf, spec, load_tokenizer=False).model.state_dict()
+    assert from_dir.keys() == from_gguf.keys()
+    for name, tensor in from_dir.items():
+        assert torch.equal(tensor, from_gguf[name]), name
