@@ -375,6 +375,16 @@ class Settings(BaseSettings):
             )
         return self
 
+    # --- tensor parallelism (runtime.engine.tp, docs/deployment.md) ---------------------------
+    tensor_parallel_size: int = Field(
+        1, ge=1, le=64, description="ranks one model is split over (1: no tensor parallelism)"
+    )
+    tensor_parallel_timeout_s: float = Field(60.0, gt=0, le=3600)
+    # false: workers run elsewhere (`python -m runtime.engine.tp.worker`, LeaderWorkerSet pods)
+    tensor_parallel_spawn: bool = True
+    tensor_parallel_master_addr: str = "127.0.0.1"
+    tensor_parallel_master_port: int = Field(0, ge=0, le=65535)
+
     @field_validator("api_keys", "rollout_peers", mode="before")
     @classmethod
     def _split_keys(cls, value: Any) -> Any:

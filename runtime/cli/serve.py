@@ -104,6 +104,13 @@ from runtime.memory.host_malloc import (
     metavar="NAME=PATH",
     help="a PEFT LoRA adapter served as model NAME (repeatable; docs/lora.md)",
 )
+@click.option(
+    "--tensor-parallel-size",
+    type=Bounded(1, 64),
+    default=None,
+    help="split the model over N ranks (this process and N-1 spawned workers; gloo on CPU, "
+    "NCCL on CUDA); default 1",
+)
 def command(
     model_path: Path | None,
     host: str | None,
@@ -123,6 +130,7 @@ def command(
     speculative_method: str | None = None,
     num_speculative_tokens: int | None = None,
     loras: tuple[str, ...] = (),
+    tensor_parallel_size: int | None = None,
 ) -> None:
     """Serve a model over the OpenAI-compatible API until SIGTERM (then drain and exit 0).
 
@@ -158,6 +166,7 @@ def command(
         speculative_method=speculative_method,
         num_speculative_tokens=num_speculative_tokens,
         loras=list(loras) or None,
+        tensor_parallel_size=tensor_parallel_size,
     )
     allocator = _ensure_malloc(settings.malloc)  # may re-execute this process on jemalloc
     if "model_path" not in settings.model_fields_set:  # bare: the packaged real model if any
@@ -178,6 +187,11 @@ def command(
 
             Tokenizer.from_dir(Path(path))  # its vocabulary and chat template: refused here
     preflight(settings)  # a setting that cannot work: one line and exit 2, not a traceback
+    if settings.tensor_parallel_size > 1:  # sizes that do not divide the model: one line too
+        from runtime.engine.config import EngineConfig
+        from runtime.engine.tp.build import check as check_tensor_parallel
+
+        check_tensor_parallel(EngineConfig.from_settings(settings))
     configure_logging(log_level)
     if allocator != "jemalloc" and settings.malloc == "auto":
         logging.getLogger("fastllm.server").info(

@@ -63,6 +63,10 @@ def default_loader(config: EngineConfig) -> Callable[[], LoadedModel]:
     def load() -> LoadedModel:
         if config.model_path is None:
             raise ModelLoadError("no model_path configured and no loader given")
+        if config.tensor_parallel_size > 1:  # workers started, rank 0's shard loaded
+            from runtime.engine.tp.build import load_parallel
+
+            return load_parallel(config)
         return load_model(
             config.model_path,
             dtype=config.dtype,
@@ -104,10 +108,16 @@ def build_parts(
     )
     if isinstance(loaded.model, CausalLM):  # rope rows for what the KV pool can hold, no more
         _limit_context(loaded, kv_cache.max_tokens)
+    if loaded.parallel is not None:  # tensor parallel: rank 0's step sends its inputs along
+        from runtime.engine.tp.build import make_runner
+
+        runner: ModelRunner = make_runner(loaded, kv_cache)
+    else:
+        runner = ModelRunner(loaded, _fast_path(config, loaded))
     core = EngineCore(
         config,
         Scheduler(config.scheduler, kv_cache),
-        ModelRunner(loaded, _fast_path(config, loaded)),
+        runner,
         controller,
         tracker,
         sink,

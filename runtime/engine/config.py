@@ -72,8 +72,22 @@ class EngineConfig:
     max_loras: int = 4
     max_lora_rank: int = 16
     lora_dir: Path | None = None
+    # tensor parallelism (runtime.engine.tp): ranks of one model; 1 = this process alone
+    tensor_parallel_size: int = 1
+    tensor_parallel_timeout_s: float = 60.0  # a collective's longest wait for a rank
+    # False: the workers are started elsewhere (LeaderWorkerSet pods) and join MASTER_ADDR:PORT
+    tensor_parallel_spawn: bool = True
+    tensor_parallel_master_addr: str = "127.0.0.1"
+    tensor_parallel_master_port: int = 0  # 0: a free port (spawned workers)
 
     def __post_init__(self) -> None:
+        if self.tensor_parallel_size > 1 and (self.loras or self.spec.method == "self_draft"):
+            # neither the adapters' deltas nor the draft model are sharded yet
+            what = "LoRA adapters" if self.loras else "speculative_method=self_draft"
+            raise ConfigError(
+                f"{what} cannot run with tensor_parallel_size > 1 yet",
+                param="tensor_parallel_size",
+            )
         if not 1 <= self.min_num_seqs <= self.max_num_seqs:
             raise ConfigError("need 1 <= min_num_seqs <= max_num_seqs", param="max_num_seqs")
         if self.max_num_batched_tokens < 1 or self.max_queued_requests < 1:
@@ -153,6 +167,11 @@ class EngineConfig:
             "max_loras": settings.max_loras,
             "max_lora_rank": settings.max_lora_rank,
             "lora_dir": settings.lora_dir,
+            "tensor_parallel_size": settings.tensor_parallel_size,
+            "tensor_parallel_timeout_s": settings.tensor_parallel_timeout_s,
+            "tensor_parallel_spawn": settings.tensor_parallel_spawn,
+            "tensor_parallel_master_addr": settings.tensor_parallel_master_addr,
+            "tensor_parallel_master_port": settings.tensor_parallel_master_port,
         }
         fields.update(overrides)
         return cls(**fields)

@@ -273,6 +273,8 @@ class EngineCore:
             self.final_outputs = []
             if isinstance(error, torch.OutOfMemoryError):
                 failures.recover_oom(self, batch, error)
+            elif isinstance(error, failures.WorkersLost):  # tensor parallel: every live KV
+                failures.fail_lost(self, error)
             elif error is not None:
                 failures.fail_batch(self, batch, error)
             elif output is not None:

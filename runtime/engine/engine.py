@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from runtime.engine.admission import close_features, new_sequence, validate_request
 from runtime.engine.batching.controller import (
@@ -301,6 +301,21 @@ class Engine:
     def is_draining(self) -> bool:
         return self._draining
 
+    def tp_worker_restarts(self) -> int | None:
+        """Tensor-parallel worker restarts so far; None: no workers (or not loaded yet)."""
+        if not self.is_loaded or self._parts.loaded.parallel is None:
+            return None
+        return int(self._parts.loaded.parallel.num_restarts)
+
+    def tp_memory(self) -> list[dict[str, Any]] | None:
+        """Tensor parallelism: each rank's memory (runtime.engine.tp.build.memory_rows); None
+        without workers."""
+        if not self.is_loaded or self._parts.loaded.parallel is None:
+            return None
+        from runtime.engine.tp.build import memory_rows
+
+        return memory_rows(self._parts.loaded, self._parts.kv_cache)
+
     def shutdown(self, drain_timeout_s: float = 0.0) -> None:
         """Stop admitting (ServiceUnavailable), let in-flight requests finish within the grace,
         fail what is left with ServiceUnavailable, free its KV and stop the loop thread."""
@@ -331,6 +346,8 @@ class Engine:
                 core.runner.drafter.close()
             if self._parts.loras is not None:  # the adapters' blocks too
                 self._parts.loras.close()
+        if self._parts.loaded.parallel is not None:  # tensor parallel: stop the workers
+            self._parts.loaded.parallel.shutdown()
         # the debug leak dies with its engine: the process-wide allocator outlives it (a reload,
         # the next test), and another engine's self-check would count these blocks as its orphans
         for block in self._parts.debug_leaked:

@@ -4,16 +4,17 @@ fails its requests, not the engine; device memory running out preempts instead w
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from runtime.engine.scheduler import SchedulerOutput
 from runtime.engine.stats import FailureReason
-from runtime.errors import EngineInternalError
+from runtime.errors import EngineInternalError, ServiceUnavailable
 
 if TYPE_CHECKING:
     from runtime.engine.core_view import CoreView
 
-__all__ = ["fail_batch", "fail_live", "recover_oom"]
+__all__ = ["WorkersLost", "fail_batch", "fail_live", "fail_lost", "recover_oom"]
 
 log = logging.getLogger("runtime.engine.core")  # where these were logged before the split
 
@@ -57,3 +58,26 @@ def fail_batch(core: CoreView, batch: SchedulerOutput, cause: Exception) -> None
         error.__cause__ = cause
         core.close(item.seq, error=error, failure_reason=FailureReason.INTERNAL)
         core.scheduler.finish(item.seq)  # also those closed during the forward
+
+
+class WorkersLost(ServiceUnavailable):
+    """The step's tensor-parallel workers died (runtime.engine.tp): the KV they held for every
+    live sequence is gone, so every live request fails with this 503 and `reset_kv` drops what
+    rank 0 still believes is cached."""
+
+    def __init__(self, message: str, reset_kv: Callable[[], object]) -> None:
+        super().__init__(message)
+        self.reset_kv = reset_kv
+
+
+def fail_lost(core: CoreView, cause: WorkersLost) -> None:
+    log.error("tensor-parallel workers lost; failing %d live requests", len(core.seqs))
+    for seq in list(core.seqs.values()):
+        error = WorkersLost(str(cause), cause.reset_kv)
+        error.__cause__ = cause.__cause__
+        core.close(seq, error=error, failure_reason=FailureReason.INTERNAL)
+        try:
+            core.scheduler.finish(seq)
+        except Exception:  # already out of the scheduler's queues
+            log.warning("could not release %s after the workers were lost", seq.request_id)
+    cause.reset_kv()

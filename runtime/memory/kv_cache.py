@@ -344,6 +344,11 @@ class KVCache:
             kv.page_ids, kv.keys, kv.num_tokens = [], [], 0  # capacity 0: a stale use fails
             kv.data, kv.scratch = kv.data.new_empty((0,) * 6), None
 
+    def drop_cached(self) -> int:
+        """Forget the prefix cache's unheld pages (PagePool.drop_cached)."""
+        with self._lock:
+            return self.pool.drop_cached()
+
     def close(self) -> None:
         """Give the pool's memory back (engine shutdown); the cache is unusable afterwards."""
         with self._lock:

@@ -163,3 +163,14 @@ class PagePool:
 
     def free_pages(self) -> list[int]:
         return sorted(self._free)
+
+    def drop_cached(self) -> int:
+        """Forget every cached (unheld, keyed) page: they go back to the free heap. For when
+        the pages' contents are lost elsewhere (a tensor-parallel worker restarted with an
+        empty pool): a later prefix hit must not reuse them. Returns how many were dropped."""
+        dropped = list(self._lru)
+        for page in dropped:
+            del self._by_key[self._key_of.pop(page)]
+            heapq.heappush(self._free, page)
+        self._lru.clear()
+        return len(dropped)

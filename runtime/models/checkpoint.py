@@ -49,6 +49,23 @@ class TensorSource:
         except Exception as exc:  # safetensors raises its own error types for bad data
             raise ModelLoadError(f"corrupt safetensors data for tensor {name!r}: {exc}") from exc
 
+    def get_narrow(self, name: str, dim: int, start: int, length: int) -> Tensor:
+        """`get(name).narrow(dim, start, length)` reading only that slice where the file allows
+        (safetensors: a sliced read of the mmap; a legacy tensor: a view of it). Sources whose
+        tensors must be decoded whole (GGUF) decode, then narrow. Tensor-parallel loading."""
+        handle = self._handles.get(name)
+        if isinstance(handle, Tensor):
+            return handle.narrow(dim, start, length)
+        if handle is not None and hasattr(handle, "get_slice"):
+            index = (slice(None),) * dim + (slice(start, start + length),)
+            try:
+                return handle.get_slice(name)[index]
+            except Exception as exc:
+                raise ModelLoadError(
+                    f"corrupt safetensors data for tensor {name!r}: {exc}"
+                ) from exc
+        return self.get(name).narrow(dim, start, length)
+
 
 def safetensors_files(path: Path) -> list[Path]:
     """The weight files of a checkpoint directory (empty if it has no safetensors)."""

@@ -67,6 +67,8 @@ class LoadedModel:
     # new engine on the same weights (offline generate) does not measure them again
     # (decode steps on a compiled CPU step under (most, "compiled"))
     step_threads: dict[int | tuple[int, str], Any] = field(default_factory=dict, repr=False)
+    # tensor parallelism: rank 0's runtime.engine.tp.TPWorld (its workers); None: one process
+    parallel: Any = field(default=None, repr=False)
 
     @property
     def is_causal_lm(self) -> bool:

@@ -130,6 +130,8 @@ def attach_telemetry(state: ServerState) -> None:
             state.stats.add(monitoring.spec)
         attach_self_check_metrics(monitoring.registry, engines)
         attach_lora_metrics(state, monitoring.registry, engines)
+        if settings.tensor_parallel_size > 1:  # fastllm_tp_worker_restarts_total
+            attach_tp_metrics(monitoring.registry, engines)
         sets = [engine for _, _, engine in engines if isinstance(engine, ReplicaSet)]
         if sets:  # fastllm_scheduler_steals_total follows the pools' cumulative steal counts
             monitoring.prometheus.set_steals_source(lambda: sum(s.num_steals for s in sets))
@@ -157,6 +159,15 @@ def attach_self_check_metrics(registry: Any, engines: list[tuple[str, str, Any]]
     none: Callable[[], Any] = lambda: None  # noqa: E731 - an engine without a self-check
     sources = [(m, v, getattr(e, "self_check_result", none)) for m, v, e in engines]
     registry.register(SelfCheckCollector(sources))
+
+
+def attach_tp_metrics(registry: Any, engines: list[tuple[str, str, Any]]) -> None:
+    from monitoring.tp_metrics import TPRestartsCollector
+
+    none: Callable[[], Any] = lambda: None  # noqa: E731 - an engine without workers
+    sources = [(m, v, getattr(e, "tp_worker_restarts", none)) for m, v, e in engines]
+    memory = [(m, v, getattr(e, "tp_memory", none)) for m, v, e in engines]
+    registry.register(TPRestartsCollector(sources, memory))
 
 
 def attach_verification(state: ServerState) -> None:

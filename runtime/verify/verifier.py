@@ -189,6 +189,8 @@ class Verifier:
         try:
             if not seq.is_verified or seq.chosen_logit is None or not seq.output_token_ids:
                 return False
+            if getattr(model, "tp_world", 1) > 1:  # a shard: its reference would be partial
+                return False
             if seq.stats.finished_reason not in _VERIFIED_REASONS:
                 return False
             job = VerifyJob(

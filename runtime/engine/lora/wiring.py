@@ -17,7 +17,8 @@ __all__ = ["adapter_owner_ids", "build_registry", "lora_registry", "lora_salt"]
 def build_registry(config: Any, parts: Any) -> LoraRegistry | None:
     """The causal LM's registry, with `config.loras` registered (their errors fail the load)."""
     loaded = parts.loaded
-    if not loaded.is_causal_lm:
+    # a split model runs no adapters yet: its delta would need sharding like the base weights
+    if not loaded.is_causal_lm or getattr(loaded, "parallel", None) is not None:
         return None
     core = parts.core
 

@@ -36,6 +36,9 @@ class _Runner(Protocol):
     drafter: SelfDrafter | None
 
     def _pack(self, items: list[ScheduledSeq]) -> tuple[torch.Tensor, list[SeqSlice]]: ...
+    def _forward(
+        self, input_ids: torch.Tensor, slices: list[SeqSlice], *, decode_only: bool
+    ) -> torch.Tensor: ...
     def _prompt_logprobs(
         self, items: list[ScheduledSeq], slices: list[SeqSlice], hidden: torch.Tensor
     ) -> None: ...
@@ -54,7 +57,9 @@ def execute_with_drafts(runner: _Runner, batch: SchedulerOutput) -> DraftedStep:
     if runner.drafter is not None:  # self_draft: the placeholders become the draft's tokens
         runner.drafter.draft(items)
     input_ids, slices = runner._pack(items)
-    hidden = runner.model(input_ids, slices)  # [T, H]: the chunked forward (never the fast path)
+    # [T, H]: the chunked forward (never the fast path); through the runner, so a tensor-parallel
+    # runner's workers get the step too
+    hidden = runner._forward(input_ids, slices, decode_only=False)
     if batch.num_featured:
         runner._prompt_logprobs(items, slices, hidden)
     plain = [i for i, item in enumerate(items) if item.samples and not item.draft_token_ids]

@@ -44,6 +44,9 @@ class MemoryReport(BaseModel):
     weights: list[dict[str, Any]] = []
     # one per model version serving LoRA adapters: resident bytes per adapter, loads, evictions
     loras: list[dict[str, Any]] = []
+    # tensor parallelism: one row per rank of each split model (RSS, KV pool, weights); empty
+    # without tensor parallelism
+    tp_ranks: list[dict[str, Any]] = []
 
 
 class TenantPrefixCache(BaseModel):
@@ -103,10 +106,13 @@ async def set_batch_goal(body: BatchGoalRequest, request: Request) -> BatchPolic
 async def memory(request: Request) -> MemoryReport:
     seen: set[str] = set()
     allocators, kv_caches, weights, loras = [], [], [], []
+    tp_ranks: list[dict[str, Any]] = []
     for model, version, engine in _loaded_engines(request):
         lora = getattr(engine, "lora_stats", lambda: None)()
         if lora is not None:
             loras.append({"model": model, "version": version, **_lora_row(lora)})
+        ranks = getattr(engine, "tp_memory", lambda: None)()
+        tp_ranks += [{"model": model, "version": version, **row} for row in ranks or []]
         kv = engine.kv_cache_stats()
         kv_caches.append({"model": model, "version": version, **asdict(kv)})
         summary = engine.loaded.quantization
@@ -133,7 +139,9 @@ async def memory(request: Request) -> MemoryReport:
                 "live_blocks": [asdict(b) for b in engine.leak_report()],
             }
         )
-    return MemoryReport(allocators=allocators, kv_caches=kv_caches, weights=weights, loras=loras)
+    return MemoryReport(
+        allocators=allocators, kv_caches=kv_caches, weights=weights, loras=loras, tp_ranks=tp_ranks
+    )
 
 
 def _lora_row(stats: Any) -> dict[str, Any]:

@@ -1,0 +1,62 @@
+"""A tensor-parallel (TP=2, gloo, two CPU processes) tiny llama through the server and the
+official `openai` client: greedy completions (32 tokens, with logprobs asked) equal the
+one-process engine's text, `/admin/memory` lists both ranks, and /metrics carries the TP
+series."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import httpx
+import openai
+
+from runtime.engine.offline import generate
+from runtime.engine.sampling import SamplingParams
+from runtime.models.loader import load_model
+from tests.runtime.server.live import (
+    ADMIN_TOKEN,
+    API_KEY,
+    engine_for,
+    light_settings,
+    live_server,
+    router_of,
+)
+
+PROMPTS = [[5, 17, 42, 99, 7], list(range(40, 75))]
+
+
+def test_tp2_server_matches_one_process(demo_model_dir: Callable[[str], Path]) -> None:
+    path = demo_model_dir("llama")
+    make_router = router_of(
+        llama=partial(
+            engine_for, path, name="llama", tensor_parallel_size=2, kv_cache_bytes=4 << 20
+        )
+    )
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    with live_server(light_settings(tensor_parallel_size=2), make_router) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0)
+        replies = [
+            client.completions.create(
+                model="llama", prompt=p, max_tokens=32, temperature=0, logprobs=1
+            )
+            for p in PROMPTS
+        ]
+        memory = httpx.get(f"{server.url}/admin/memory", headers=headers).json()
+        metrics = httpx.get(f"{server.url}/metrics").text
+    offline = load_model(path, device="cpu")
+    params = SamplingParams(max_tokens=32, temperature=0.0, logprobs=1)
+    expected = generate(offline, PROMPTS, params)
+    tokenizer = offline.tokenizer
+    assert tokenizer is not None
+    for reply, want in zip(replies, expected, strict=True):
+        choice = reply.choices[0]
+        assert choice.text == tokenizer.decode(want.token_ids)
+        assert reply.usage is not None and reply.usage.completion_tokens == 32
+        assert choice.logprobs is not None and choice.logprobs.token_logprobs is not None
+        assert len(choice.logprobs.token_logprobs) == 32
+    assert [r["rank"] for r in memory["tp_ranks"]] == [0, 1]
+    assert all(r["alive"] and r["kv_pool_bytes"] > 0 for r in memory["tp_ranks"])
+    assert 'fastllm_tp_worker_restarts_total{model="llama",version="stable"} 0.0' in metrics
+    assert 'fastllm_tp_rank_memory_bytes{model="llama",rank="1",type="rss"' in metrics
