@@ -45,7 +45,8 @@ def decode(model: CausalLM, step: Step, prompts: list[list[int]]) -> tuple[list,
     """Prefill each prompt on the eager forward, then NUM_STEPS greedy decode steps of the whole
     batch on `step` -> (tokens per step, logits [batch, vocab] per step)."""
     a = model.args
-    pool = SequenceKV.empty(a.num_layers, a.num_kv_heads, a.head_dim, 64 * len(prompts))
+    dtype = model.embed_tokens.weight.dtype
+    pool = SequenceKV.empty(a.num_layers, a.num_kv_heads, a.head_dim, 64 * len(prompts), dtype)
     kvs = [SequenceKV(pool.data) for _ in prompts]
     for i, kv in enumerate(kvs):  # one pool (a step's sequences share one), 64 tokens each
         kv.page_ids = pool.page_ids[4 * i : 4 * i + 4]
