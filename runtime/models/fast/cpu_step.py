@@ -132,7 +132,10 @@ class CompiledStep:
         graph = self.graphs.get(name)
         if graph is not None:
             return graph
-        path = None if self.directory is None else precompiled.graph_path(self.directory, name)
+        path = None
+        if self.directory is not None:
+            layout = precompiled.layout_key(self.model)
+            path = precompiled.graph_path(self.directory, f"{name}-{layout}")
         if path is not None:
             try:
                 graph = precompiled.load(path, example)

@@ -11,8 +11,8 @@ left of a warm start is importing inductor's runtime and loading its built kerne
 A saved graph is reused only when all of these hold, else the caller compiles afresh and
 overwrites it:
   - it deserializes (torch refuses another python or torch version);
-  - its guards accept the example inputs (the parameters' shapes and dtypes, the token count's
-    range: a different checkpoint at the same path compiles again);
+  - its name matches the model's tensors (`layout_key`) and its guards accept the example
+    inputs (the token count's range, the inputs' dtypes: a different checkpoint compiles again);
   - every module it traced still has the source it had when saved (an edit to the model's
     code compiles again: guards do not see code).
 Files are written atomically (a temporary file renamed), so a second process starting on the
@@ -21,6 +21,7 @@ same directory reads the old file or the new one, never half of one.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import inspect
 import logging
@@ -34,6 +35,7 @@ from torch import Tensor
 log = logging.getLogger(__name__)
 
 _SUFFIX = ".graph"
+MODEL_ARG = "model"  # the traced function's first parameter: the model, its weights inside
 
 
 class Graph(Protocol):
@@ -72,16 +74,35 @@ def precompile(
 
 def _kept_guards(entries: Sequence[Any]) -> list[bool]:
     """The guards saved with a graph: torch's default for a saved graph (none on globals, none
-    that cannot be serialized) less the global state's, which compares the intra-op thread count
-    with the one at compile: the kernels read it at run time (`cpp.dynamic_threads`), and the
-    engine sets it per step. The grad mode it also covers is inference mode at every call."""
+    that cannot be serialized) less two kinds:
+      - the global state's, which compares the intra-op thread count with the one at compile:
+        the kernels read it at run time (`cpp.dynamic_threads`) and the engine sets it per step
+        (the grad mode it also covers is inference mode at every call);
+      - those on the model argument (`MODEL_ARG`): one per parameter and attribute, ~7,700 for
+        a 30-layer int4 model, whose rebuilding was the largest part of a warm start (5 of
+        17 s). What they check (the tensors' shapes, dtypes and strides; the config's numbers)
+        the graph's file name holds instead (`layout_key`; the directory's key has the files)."""
     from torch._dynamo.guards import CheckFunctionManager  # at compile only: a heavy import
 
     unsupported = set(getattr(CheckFunctionManager, "UNSUPPORTED_SERIALIZATION_GUARD_TYPES", ()))
     return [
-        not (e.is_global or e.guard_type in unsupported or e.guard_type == "GLOBAL_STATE")
+        not (
+            e.is_global
+            or e.guard_type in unsupported
+            or e.guard_type == "GLOBAL_STATE"
+            or e.name.startswith(f"L['{MODEL_ARG}']")
+        )
         for e in entries
     ]
+
+
+def layout_key(module: torch.nn.Module) -> str:
+    """12 hex digits over the module's tensors as the graph sees them: names, shapes, dtypes,
+    strides (what the dropped guards on the model compared)."""
+    digest = hashlib.sha256()
+    for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}:{tensor.stride()};".encode())
+    return digest.hexdigest()[:12]
 
 
 def save(graph: Graph, path: Path) -> None:

@@ -149,10 +149,12 @@ def test_a_restart_loads_the_saved_graphs_and_compiles_nothing(
 def test_a_stale_saved_graph_is_refused(
     fp32: Compiled, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Unreadable, rejected by its guards (another dtype), or traced from changed code."""
+    """Unreadable, rejected by its guards (inputs of another dtype), or traced from changed
+    code; another model's tensors look for another file."""
     step = fp32.fast.step
     assert isinstance(step, CompiledStep) and step.directory is not None
-    saved = precompiled.graph_path(step.directory, graph_name(3))
+    layout = precompiled.layout_key(fp32.model)
+    saved = precompiled.graph_path(step.directory, f"{graph_name(3)}-{layout}")
     with torch.inference_mode():  # as the step calls its graphs
         ids = torch.zeros(3, dtype=torch.long)
         cos, sin = fp32.model.rope_table().lookup(ids)
@@ -168,6 +170,7 @@ def test_a_stale_saved_graph_is_refused(
 
     bf16 = load_model(fp32.path, device="cpu", dtype="bfloat16").model
     assert isinstance(bf16, CausalLM)
+    assert precompiled.layout_key(bf16) != layout  # another model: another file
     with torch.inference_mode(), pytest.raises(precompiled.StaleGraph, match="guards"):
         precompiled.load(saved, (bf16, ids, cos.bfloat16(), sin.bfloat16()))
 
