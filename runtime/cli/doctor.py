@@ -60,6 +60,8 @@ def command(
         quantization=settings.quantization,
         database_url=None if no_db else (database_url or settings.database_url),
         metrics_url=metrics_url,
+        compile=settings.compile,
+        compile_cache_dir=settings.compile_cache_dir,
     )
     results = run_checks(options)
     table = Table(title="fastllm doctor", show_lines=False)

@@ -138,4 +138,19 @@ def check_metrics(url: str) -> CheckResult:
     ours = [f.name for f in families if f.name.startswith("fastllm_")]
     if not ours:
         return failed(name, f"{url} has no fastllm_* metrics", "point --metrics-url at a runtime")
+    fell_back = [
+        sample.labels.get("model", "?")
+        for family in families
+        if family.name == "fastllm_compile_fallbacks"
+        for sample in family.samples
+        if sample.value > 0
+    ]
+    if fell_back:
+        detail = (
+            f"the compiled decode step fell back to the eager forward for {', '.join(fell_back)} "
+            "(fastllm_compile_fallbacks = 1; the reason is the server log's 'compiled decode "
+            "step failed' line, or this doctor's fast-path check with --model)"
+        )
+        fix = "inductor needs a C++ compiler and a writable compile_cache_dir; or --compile off"
+        return failed(name, detail, fix)
     return passed(name, f"{len(families)} families, {len(ours)} fastllm_*")

@@ -1,6 +1,8 @@
 """The fast-path check of `fastllm doctor`: what is built around the model's forward (its
-decode call captured per batch bucket on CUDA, its layers' halves compiled with compile=on)
-against the same forward as it is (uncaptured, uncompiled).
+decode call captured per batch bucket on CUDA, its layers' halves compiled with compile=on, its
+whole decode step compiled on CPU) against the same forward as it is (uncaptured, uncompiled).
+A compiled CPU step that fell back to the eager forward (it could not compile) fails the check
+with inductor's reason: `serve` would start, slower than asked for.
 
 Both decode the same prompt greedily from the same prefill (model level, scratch KV, no
 engine); the check passes when every token agrees and the logits stay within the dtype's
@@ -60,6 +62,8 @@ def check_fast_path(loaded: LoadedModel, options: FastPathOptions | None = None)
         if fast is None:
             detail = "nothing built beside the model's forward (compile off, or auto on a CPU)"
             return CheckResult(NAME, SKIP, detail)
+        if fast.fallback_reason is not None:  # decoding eagerly: nothing to compare
+            return _fell_back(fast.fallback_reason)
         prompt = [(7 * i + 3) % loaded.args.vocab_size for i in range(12)]
         with torch.inference_mode():
             _decode(model, fast, prompt[:2])  # warm-up both sides
@@ -69,6 +73,8 @@ def check_fast_path(loaded: LoadedModel, options: FastPathOptions | None = None)
     except Exception as exc:  # a fast path that cannot build or run is the finding
         fix = "serve with --compile off (FASTLLM_COMPILE=off) and report the error"
         return CheckResult(NAME, FAIL, f"{type(exc).__name__}: {exc}", fix)
+    if fast.fallback_reason is not None:  # fell back while decoding
+        return _fell_back(fast.fallback_reason)
     error = float((fast_logits - eager_logits).abs().max())
     tolerance = TOLERANCE[loaded.dtype]
     rates = (
@@ -84,6 +90,17 @@ def check_fast_path(loaded: LoadedModel, options: FastPathOptions | None = None)
         return CheckResult(NAME, FAIL, detail, fix)
     detail = f"{NUM_TOKENS} tokens identical, max |logit diff| {error:.1e}; {rates}"
     return CheckResult(NAME, PASS, detail)
+
+
+def _fell_back(reason: str) -> CheckResult:
+    """The compiled CPU step could not be built or run: `serve` starts and decodes eagerly
+    (counted by fastllm_compile_fallbacks), slower than asked for; the reason is inductor's."""
+    detail = f"the compiled decode step fell back to the eager forward: {reason}"
+    fix = (
+        "inductor needs a working C++ compiler (g++ or clang) and Python headers, and a "
+        "writable compile_cache_dir; or serve with --compile off (FASTLLM_COMPILE=off)"
+    )
+    return CheckResult(NAME, FAIL, detail, fix)
 
 
 __all__ = ["FAIL", "NAME", "PASS", "check_fast_path"]

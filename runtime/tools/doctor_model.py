@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from runtime.errors import FastllmError
+from runtime.models.fast.build import FastPathOptions
 from runtime.tools.convert import META_CONVERTED_FROM, META_GEGLU_FIX, uses_geglu
 from runtime.tools.doctor_fast import NAME as FAST
 from runtime.tools.doctor_fast import check_fast_path
@@ -56,7 +57,12 @@ def check_model(options: DoctorOptions, device: torch.device) -> list[CheckResul
         check_geglu_provenance(loaded),
         check_tokenizer(loaded),
         check_generation(loaded),
-        check_fast_path(loaded),
+        check_fast_path(
+            loaded,
+            FastPathOptions(
+                compile=options.compile, max_batch=8, cache_dir=options.compile_cache_dir
+            ),
+        ),
         check_quantized(loaded),
     ]
 

@@ -27,6 +27,8 @@ class DoctorOptions:
     quantization: str = "none"  # int8 | int4 | fp8 at load (a quantized checkpoint is as stored)
     database_url: str | None = None  # None: no database check
     metrics_url: str | None = None  # None: no scrape check
+    compile: str = "auto"  # the fast-path check builds what `serve` would (settings.compile)
+    compile_cache_dir: Path | None = None  # settings.compile_cache_dir
 
 
 def passed(name: str, detail: str) -> CheckResult:

@@ -169,7 +169,7 @@ def build_cpu_step(loaded: LoadedModel, plan: FastPlan, options: FastPathOptions
     step = CompiledStep(model)
     try:
         with inductor_cache_dir(cache):
-            step.warm_up()
+            step.warm_up(directory=cache)
     except OSError as exc:  # an unwritable cache directory: eager, not a failed start
         step.fall_back(exc)
     return FastPath(step, plan, options, time.perf_counter() - started)

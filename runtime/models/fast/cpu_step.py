@@ -21,13 +21,16 @@ thread-local set around the call. The graph is the model's own forward pieces, c
 loaded model itself (its parameters are the graph's inputs: nothing copied).
 
 Shapes: dynamic in the token count (one graph for 1 token, dynamo's 0/1 specialisation, one for
-every T >= 2), compiled at load by `warm_up`, never on a request. Kernels read the thread count at
-run time (`cpp.dynamic_threads`), so the per-step choice of threads (runtime.engine.threads) holds
-for compiled steps too.
+every T >= 2; the step picks by T, so no guard decides and nothing recompiles), built at load by
+`warm_up`, never on a request: loaded from the model's cache directory when an earlier start
+saved them there (`precompiled`: no tracing, no compiling), else compiled and saved. Kernels read
+the thread count at run time (`cpp.dynamic_threads`), so the per-step choice of threads
+(runtime.engine.threads) holds for compiled steps too.
 
-A step that raises (a compile error at load, a kernel or recompile failing later) falls back to the
-eager forward for good: one log line, `fallback_reason` set, `num_fallbacks` counted. The step is
-re-run eagerly; it rewrites the same K/V slots, so a half-run compiled step leaves no trace.
+A step that raises (a compile error at load, a kernel or a graph's guards failing later) falls
+back to the eager forward for good: one log line, `fallback_reason` set, `num_fallbacks` counted.
+The step is re-run eagerly; it rewrites the same K/V slots, so a half-run compiled step leaves no
+trace.
 """
 
 from __future__ import annotations
@@ -35,8 +38,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import types
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -46,6 +49,7 @@ from runtime.memory.kv_cache import SequenceKV
 from runtime.models import paged_attention
 from runtime.models.base import CausalLM
 from runtime.models.batch_plan import BatchPlan, SeqSlice
+from runtime.models.fast import precompiled
 from runtime.models.layers import DecoderLayer
 
 log = logging.getLogger(__name__)
@@ -85,12 +89,12 @@ class CompiledStep:
     def __init__(self, model: CausalLM) -> None:
         self.model = model
         self.group = model.args.num_heads // model.args.num_kv_heads
-        self.compiled = torch.compile(
-            _own_copy(decode_step), dynamic=True, options=INDUCTOR_OPTIONS
-        )
+        self.graphs: dict[str, precompiled.Graph] = {}  # by graph_name: built by warm_up
+        self.directory: Path | None = None  # where graphs are saved and loaded (warm_up's)
         self.fallback_reason: str | None = None  # set once the step has fallen back to eager
         self.num_fallbacks = 0  # 0 or 1: a fallback is for good
         self.num_compiled_steps = 0
+        self.num_loaded_graphs = 0  # graphs read back from `directory` instead of compiled
 
     @property
     def is_compiled(self) -> bool:
@@ -100,17 +104,18 @@ class CompiledStep:
         """Like `CausalLM.forward`: hidden [T, H]."""
         if self.fallback_reason is not None:
             return self.model(input_ids, seqs)
-        # dynamo guards on the grad mode and on whether its inputs are inference tensors: both
-        # the same at every call, whatever the caller's mode (else a graph per mode)
+        # the graphs guard on the grad mode and on whether their inputs are inference tensors:
+        # the same at every call, whatever the caller's mode
         with torch.inference_mode():
             if not input_ids.is_inference():
                 input_ids = input_ids.clone()
             plan = BatchPlan.build(seqs, input_ids, self.group)  # bad input raises here, as eager
             cos, sin = self.model.rope_table().lookup(plan.positions)
+        args = (self.model, input_ids, cos, sin)
         _in_flight.plan = plan
         try:
             with torch.inference_mode():
-                hidden = self.compiled(self.model, input_ids, cos, sin)
+                hidden = self._graph(graph_name(len(input_ids)), args)(*args)
         except torch.OutOfMemoryError:
             raise  # the engine's own recovery (preemption), not the compiler's fault
         except Exception as exc:
@@ -121,6 +126,32 @@ class CompiledStep:
         self.num_compiled_steps += 1
         return hidden
 
+    def _graph(self, name: str, example: tuple[Any, ...]) -> precompiled.Graph:
+        """The graph `name`: built already, loaded from `directory`, or compiled now (and
+        saved there). Normally all built at load by `warm_up`, never on a request."""
+        graph = self.graphs.get(name)
+        if graph is not None:
+            return graph
+        path = None
+        if self.directory is not None:
+            layout = precompiled.layout_key(self.model)
+            path = precompiled.graph_path(self.directory, f"{name}-{layout}")
+        if path is not None:
+            try:
+                graph = precompiled.load(path, example)
+                self.num_loaded_graphs += 1
+            except precompiled.StaleGraph as why:
+                log.info("compiling the decode step's graph %s: the saved one is %s", name, why)
+        if graph is None:
+            graph = precompiled.precompile(decode_step, example, INDUCTOR_OPTIONS)
+            if path is not None:
+                try:
+                    precompiled.save(graph, path)
+                except OSError as exc:  # read-only cache: compiled again at the next start
+                    log.warning("could not save the compiled decode step to %s: %s", path, exc)
+        self.graphs[name] = graph
+        return graph
+
     def fall_back(self, exc: BaseException) -> None:
         if self.fallback_reason is None:
             self.fallback_reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
@@ -130,31 +161,28 @@ class CompiledStep:
                 self.fallback_reason,
             )
 
-    def warm_up(self, sizes: Sequence[int] = WARM_UP_SIZES) -> None:
-        """Compile every graph a decode step can need (at load): one step per size on a scratch
-        page pool; a progress line per graph."""
+    def warm_up(self, sizes: Sequence[int] = WARM_UP_SIZES, directory: Path | None = None) -> None:
+        """Build every graph a decode step can need (at load), loading those saved under
+        `directory` by an earlier start and saving those compiled: one step per size on a
+        scratch page pool; a progress line per graph."""
+        self.directory = directory
         for n in sizes:
             if self.fallback_reason is not None:
                 return
-            started = time.perf_counter()
+            started, loaded = time.perf_counter(), self.num_loaded_graphs
             self(*scratch_step(self.model, n))
             if self.fallback_reason is None:
-                shape = "1 token" if n == 1 else "2+ tokens (dynamic)"
                 log.info(
-                    "compiled the decode step for %s in %.1f s",
-                    shape,
+                    "%s the decode step for %s in %.1f s",
+                    "loaded" if self.num_loaded_graphs > loaded else "compiled",
+                    "1 token" if n == 1 else "2+ tokens (dynamic)",
                     time.perf_counter() - started,
                 )
 
 
-def _own_copy(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
-    """`fn` on a code object of its own: dynamo keeps its graphs (and counts recompiles against
-    its limit of 8) per code object, so each compiled step (a model, a weight format: several
-    per process with a canary or in a bench) gets its own cache instead of sharing one."""
-    code = fn.__code__.replace()  # a new code object, the same code
-    copy = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-    copy.__kwdefaults__ = fn.__kwdefaults__
-    return copy
+def graph_name(num_tokens: int) -> str:
+    """One graph for a lone token (dynamo specialises sizes 0 and 1), one for every T >= 2."""
+    return "decode-1" if num_tokens == 1 else "decode-n"
 
 
 def scratch_step(model: CausalLM, num_seqs: int) -> tuple[Tensor, list[SeqSlice]]:

@@ -20,8 +20,10 @@ from runtime.engine.engine import Engine
 from runtime.engine.offline import generate
 from runtime.errors import ConfigError
 from runtime.memory import Allocator
+from runtime.models.fast import precompiled
 from runtime.models.fast.build import FastPathOptions, get_fast_path, plan_fast_path
 from runtime.models.loader import load_model
+from tests.fixtures.eager_graphs import eager_precompile
 from tests.runtime.engine.support import greedy, hf_greedy, random_prompts, request
 
 
@@ -46,6 +48,7 @@ def run_engine(model_dir: Path, prompts: list[list[int]], max_tokens: int, **con
 @pytest.fixture
 def identity_compile(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch, "compile", lambda fn, **_: fn)
+    monkeypatch.setattr(precompiled, "precompile", eager_precompile())  # the CPU step's
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma"])

@@ -1,14 +1,23 @@
 """The compiled CPU decode step (runtime.models.fast.cpu_step), inductor for real on the tiny
 llama: greedy tokens and logits of compiled decode steps against the eager forward (the loaded
-model itself, uncompiled), float32 at batch 1 (its own graph) and 3 (the dynamic one), int4 at
-batch 3; a compile failure decodes eagerly instead, the fallback counted and logged once, and
-the engine reports it on its step stats (the tokens: transformers')."""
+model itself, uncompiled), float32 at batch 1 (its own graph) and 3 (the dynamic one), bf16, int8
+and int4 at batch 3; a restart loads the graphs the first start saved (compiling nothing) and a
+stale saved graph is refused; a compile failure decodes eagerly instead, the fallback counted and
+logged once, and the engine reports it on its step stats (the tokens: transformers').
+
+The compiles are the cost here (inductor's C++ builds: tens of seconds each on a busy 2-core
+machine): one float32 model is compiled once for the module and shared, the other formats
+compile only the dynamic graph, the restart and staleness tests reuse the saved files."""
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import logging
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -18,10 +27,12 @@ from runtime.engine.engine import Engine
 from runtime.engine.stats import RequestStats, StepStats, VerificationResult
 from runtime.memory import Allocator
 from runtime.memory.kv_cache import SequenceKV
+from runtime.models import layers
 from runtime.models.base import CausalLM, SeqSlice
-from runtime.models.fast.build import FastPathOptions, get_fast_path
+from runtime.models.fast import precompiled
+from runtime.models.fast.build import FastPath, FastPathOptions, get_fast_path
 from runtime.models.fast.compile_cache import inductor_cache_dir
-from runtime.models.fast.cpu_step import CompiledStep
+from runtime.models.fast.cpu_step import CompiledStep, graph_name
 from runtime.models.loader import load_model
 from tests.runtime.engine.support import greedy, hf_greedy, request
 
@@ -34,7 +45,8 @@ def decode(model: CausalLM, step: Step, prompts: list[list[int]]) -> tuple[list,
     """Prefill each prompt on the eager forward, then NUM_STEPS greedy decode steps of the whole
     batch on `step` -> (tokens per step, logits [batch, vocab] per step)."""
     a = model.args
-    pool = SequenceKV.empty(a.num_layers, a.num_kv_heads, a.head_dim, 64 * len(prompts))
+    dtype = model.embed_tokens.weight.dtype
+    pool = SequenceKV.empty(a.num_layers, a.num_kv_heads, a.head_dim, 64 * len(prompts), dtype)
     kvs = [SequenceKV(pool.data) for _ in prompts]
     for i, kv in enumerate(kvs):  # one pool (a step's sequences share one), 64 tokens each
         kv.page_ids = pool.page_ids[4 * i : 4 * i + 4]
@@ -61,10 +73,31 @@ def compile_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("inductor")
 
 
+@dataclass
+class Compiled:
+    model: CausalLM
+    fast: FastPath
+    path: Path  # the checkpoint
+    root: Path  # compile_cache_dir
+
+
+@pytest.fixture(scope="module")
+def fp32(demo_model_dir: Callable[[str], Path], compile_root: Path) -> Compiled:
+    """The tiny llama, float32, its decode step compiled as `serve --compile on` does (both
+    graphs, saved under compile_root): once for the module."""
+    path = demo_model_dir("llama")
+    loaded = load_model(path, device="cpu")
+    model = loaded.model
+    assert isinstance(model, CausalLM)
+    fast = get_fast_path(loaded, FastPathOptions(compile="on", max_batch=4, cache_dir=compile_root))
+    assert fast is not None and isinstance(fast.step, CompiledStep)
+    return Compiled(model, fast, path, compile_root)
+
+
 def check_against_eager(model: CausalLM, step: CompiledStep, batches: list, atol: float) -> None:
-    """After the warm-up nothing compiles again (a recompile would raise, and the step fall
+    """After the warm-up nothing compiles again (a compile would raise, and the step fall
     back): the graphs built at load serve every decode step."""
-    with torch.inference_mode(), torch._dynamo.config.patch(error_on_recompile=True):
+    with torch.inference_mode(), no_compiling():
         for prompts in batches:
             before = step.num_compiled_steps
             got_tokens, got_logits = decode(model, step, prompts)
@@ -75,45 +108,120 @@ def check_against_eager(model: CausalLM, step: CompiledStep, batches: list, atol
                 torch.testing.assert_close(got, want, atol=atol, rtol=0)
 
 
+@contextlib.contextmanager
+def no_compiling() -> Iterator[None]:
+    def refuse(*args: object, **kwargs: object) -> object:
+        raise AssertionError("compiled after the warm-up")
+
+    with mock.patch.object(precompiled, "precompile", refuse):
+        yield
+
+
 @pytest.mark.slow
-def test_compiled_fp32_steps_match_the_eager_forward(
-    demo_model_dir: Callable[[str], Path], compile_root: Path
-) -> None:
-    loaded = load_model(demo_model_dir("llama"), device="cpu")
-    model = loaded.model
-    assert isinstance(model, CausalLM)
-    fast = get_fast_path(loaded, FastPathOptions(compile="on", max_batch=4, cache_dir=compile_root))
-    assert fast is not None and isinstance(fast.step, CompiledStep)
-    assert fast.kind == "inductor" and fast.num_compile_fallbacks == 0, fast.fallback_reason
-    assert any(compile_root.iterdir()), "inductor's caches went under the model's directory"
+def test_compiled_fp32_steps_match_the_eager_forward(fp32: Compiled) -> None:
+    assert isinstance(fp32.fast.step, CompiledStep)
+    assert fp32.fast.kind == "inductor" and fp32.fast.num_compile_fallbacks == 0, (
+        fp32.fast.fallback_reason
+    )
+    assert any(fp32.root.iterdir()), "inductor's caches went under the model's directory"
     # batch 1 runs its own graph, batch 3 the dynamic one
+    check_against_eager(fp32.model, fp32.fast.step, [PROMPTS[:1], PROMPTS], atol=1e-4)
+
+
+@pytest.mark.slow
+def test_a_restart_loads_the_saved_graphs_and_compiles_nothing(
+    fp32: Compiled, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    loaded = load_model(fp32.path, device="cpu")  # what a second start loads
+    model = loaded.model
+    assert isinstance(model, CausalLM) and model is not fp32.model
+    with no_compiling():
+        fast = get_fast_path(loaded, FastPathOptions(compile="on", cache_dir=fp32.root))
+    assert fast is not None and isinstance(fast.step, CompiledStep)
+    assert fast.num_compile_fallbacks == 0, fast.fallback_reason
+    assert fast.step.num_loaded_graphs == 2
+    assert sum("loaded the decode step" in r.getMessage() for r in caplog.records) == 2
     check_against_eager(model, fast.step, [PROMPTS[:1], PROMPTS], atol=1e-4)
 
 
 @pytest.mark.slow
-def test_compiled_int4_steps_match_the_eager_forward(
-    demo_model_dir: Callable[[str], Path], compile_root: Path
+def test_a_stale_saved_graph_is_refused(
+    fp32: Compiled, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Quantized: the int4 kernel and its bf16 casts inside the graph (one graph: batch 3)."""
-    loaded = load_model(demo_model_dir("llama"), device="cpu", quantization="int4")
+    """Unreadable, rejected by its guards (inputs of another dtype), or traced from changed
+    code; another model's tensors look for another file."""
+    step = fp32.fast.step
+    assert isinstance(step, CompiledStep) and step.directory is not None
+    layout = precompiled.layout_key(fp32.model)
+    saved = precompiled.graph_path(step.directory, f"{graph_name(3)}-{layout}")
+    with torch.inference_mode():  # as the step calls its graphs
+        ids = torch.zeros(3, dtype=torch.long)
+        cos, sin = fp32.model.rope_table().lookup(ids)
+    example = (fp32.model, ids, cos, sin)
+    assert precompiled.load(saved, example) is not None  # the one saved is good
+
+    corrupt = tmp_path / "corrupt.graph"
+    corrupt.write_bytes(saved.read_bytes()[:1000])
+    with pytest.raises(precompiled.StaleGraph, match="unreadable"):
+        precompiled.load(corrupt, example)
+    with pytest.raises(precompiled.StaleGraph, match="not saved"):
+        precompiled.load(tmp_path / "missing.graph", example)
+
+    bf16 = load_model(fp32.path, device="cpu", dtype="bfloat16").model
+    assert isinstance(bf16, CausalLM)
+    assert precompiled.layout_key(bf16) != layout  # another model: another file
+    with torch.inference_mode(), pytest.raises(precompiled.StaleGraph, match="guards"):
+        precompiled.load(saved, (bf16, ids, cos.bfloat16(), sin.bfloat16()))
+
+    real = inspect.getsource
+
+    def edited(module: object) -> str:
+        source = real(module)  # type: ignore[arg-type]
+        return source + "# edited\n" if module is layers else source
+
+    monkeypatch.setattr(precompiled.inspect, "getsource", edited)
+    with pytest.raises(precompiled.StaleGraph, match=r"runtime\.models\.layers"):
+        precompiled.load(saved, example)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("dtype", "quantization", "atol"),
+    [("bfloat16", None, 5e-2), ("float32", "int8", 1e-2), ("float32", "int4", 1e-2)],
+    ids=["bf16", "int8", "int4"],
+)
+def test_compiled_steps_of_other_formats_match_the_eager_forward(
+    demo_model_dir: Callable[[str], Path],
+    compile_root: Path,
+    dtype: str,
+    quantization: str | None,
+    atol: float,
+) -> None:
+    """bf16 activations; the int8/int4 kernels and their casts inside the graph (one graph:
+    batch 3)."""
+    loaded = load_model(
+        demo_model_dir("llama"), device="cpu", dtype=dtype, quantization=quantization
+    )
     model = loaded.model
     assert isinstance(model, CausalLM)
     step = CompiledStep(model)
-    with inductor_cache_dir(compile_root / "int4"):
+    with inductor_cache_dir(compile_root / f"{dtype}-{quantization}"):
         step.warm_up(sizes=(2,))
     assert step.is_compiled, step.fallback_reason
-    check_against_eager(model, step, [PROMPTS], atol=1e-2)
+    check_against_eager(model, step, [PROMPTS], atol=atol)
 
 
 @pytest.fixture
 def failing_compile(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """An inductor that cannot build anything (no C++ compiler, say)."""
 
-    def compile_that_fails(fn: object, **_: object) -> Callable[..., object]:
-        def run(*args: object, **kwargs: object) -> object:
+    class Failing:
+        def aot_compile(self, *args: object, **kwargs: object) -> object:
             raise RuntimeError("C++ compile failed: no compiler\nmore detail")
 
-        return run
+    def compile_that_fails(fn: object, **_: object) -> Failing:
+        return Failing()
 
     monkeypatch.setattr(torch, "compile", compile_that_fails)
     yield
@@ -135,7 +243,7 @@ class Steps:
 
 def test_a_compile_failure_decodes_eagerly_counted_and_logged_once(
     demo_model_dir: Callable[[str], Path],
-    compile_root: Path,
+    tmp_path: Path,
     failing_compile: None,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -147,7 +255,7 @@ def test_a_compile_failure_decodes_eagerly_counted_and_logged_once(
         model_name="tiny",
         device="cpu",
         compile="on",
-        compile_cache_dir=compile_root,
+        compile_cache_dir=tmp_path,  # nothing saved: the compile runs (and fails)
         batch_warmup=False,  # not what is tested: seconds
     )
     engine = Engine(config, sink, loader=lambda: loaded, allocator=Allocator(device="cpu"))

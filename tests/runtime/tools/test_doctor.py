@@ -136,6 +136,19 @@ def test_metrics_scrape(metrics_server: Callable[[CollectorRegistry], str]) -> N
     assert check_metrics("http://127.0.0.1:9/metrics").status == FAIL  # nothing listens
 
 
+def test_metrics_scrape_reports_a_compile_fallback(
+    metrics_server: Callable[[CollectorRegistry], str],
+) -> None:
+    registry = CollectorRegistry()
+    metrics = FastllmMetrics.create(registry, latency_buckets_s=[0.1, 1.0])
+    metrics.compile_fallbacks.labels("tiny", "v1").set(0)  # compiled and running: fine
+    assert check_metrics(metrics_server(registry)).status == PASS
+    metrics.compile_fallbacks.labels("tiny", "v1").set(1)
+    result = check_metrics(metrics_server(registry))
+    assert result.status == FAIL and "fell back to the eager forward for tiny" in result.detail
+    assert "--compile off" in result.fix
+
+
 @pytest.mark.parametrize("method", ["int8", "int4"])
 def test_doctor_compares_every_quantized_linear_with_its_reference(
     method: str, demo_model_dir: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
