@@ -88,7 +88,12 @@ class TracingSink:
 
     Spans of admitted requests stay open until their `RequestStats` arrive; at most `max_open_spans`
     are kept and none longer than `open_span_ttl_s` (the oldest are ended, marked abandoned), so a
-    request that never finishes cannot leak memory."""
+    request that never finishes cannot leak memory.
+
+    The server opens a request's span either with `start_request` or, off its request loop, by
+    noting it in `admitted` (request id -> traceparent, attributes, admission time; one dict
+    store, runtime.server.state.SpanStarts): `record` opens the noted spans first, at their
+    admission time, so a step's links and a request's end always find them."""
 
     def __init__(
         self,
@@ -105,6 +110,8 @@ class TracingSink:
         self._open: OrderedDict[str, _OpenSpan] = OrderedDict()
         self._lock = threading.Lock()
         self.num_abandoned = 0
+        # spans noted by the server, to open (see the class doc); drained under `_lock`
+        self.admitted: dict[str, tuple[str | None, Mapping[str, AttributeValue], float]] = {}
 
     @property
     def num_open(self) -> int:
@@ -122,11 +129,9 @@ class TracingSink:
         attributes = dict(attributes or {})
         span = self._start_span(request_id, traceparent, attributes, start_ts)
         with self._lock:
-            previous = self._open.pop(request_id, None)
-            self._open[request_id] = _OpenSpan(span, time.monotonic())
-            expired = self._expire_locked()
-        for stale in ([previous.span] if previous else []) + expired:
-            self._abandon(stale)
+            stale = self._keep_locked(request_id, span)
+        for old in stale:
+            self._abandon(old)
         return span.get_span_context()
 
     def record(
@@ -135,6 +140,8 @@ class TracingSink:
         finished: Sequence[RequestStats] = (),
         verified: Sequence[VerificationResult] = (),
     ) -> None:
+        if self.admitted:
+            self._open_admitted()
         if step is not None and self.step_spans:
             self._record_step(step)
         for request in finished:
@@ -142,6 +149,7 @@ class TracingSink:
 
     def close(self) -> None:
         """End every open span (server shutdown)."""
+        self._open_admitted()
         with self._lock:
             spans = [entry.span for entry in self._open.values()]
             self._open.clear()
@@ -149,6 +157,31 @@ class TracingSink:
             self._abandon(span)
 
     # --- internals ------------------------------------------------------------------------------
+    def _open_admitted(self) -> None:
+        """Open the spans the server noted, oldest first. Under the lock: another engine's
+        recorder thread linking a step to one of them waits until it is open."""
+        stale: list[trace.Span] = []
+        with self._lock:
+            noted = []
+            while self.admitted:  # the server adds more meanwhile: popitem is atomic
+                try:
+                    noted.append(self.admitted.popitem())
+                except KeyError:
+                    break
+            noted.sort(key=lambda item: item[1][2])
+            for request_id, (traceparent, attributes, start_ts) in noted:
+                span = self._start_span(request_id, traceparent, dict(attributes), start_ts)
+                stale.extend(self._keep_locked(request_id, span))
+        for old in stale:
+            self._abandon(old)
+
+    def _keep_locked(self, request_id: str, span: trace.Span) -> list[trace.Span]:
+        """Keep `span` open for `request_id`; the spans it displaces or that expired."""
+        previous = self._open.pop(request_id, None)
+        self._open[request_id] = _OpenSpan(span, time.monotonic())
+        expired = self._expire_locked()
+        return ([previous.span] if previous else []) + expired
+
     def _start_span(
         self,
         request_id: str,

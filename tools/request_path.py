@@ -7,9 +7,12 @@ SQLite inference_log, an API key) on uvicorn in a thread, sends one warm-up chat
 a second one while `sys.setprofile` (installed on every thread started after the profiler, so on
 the request loop, AnyIO's workers and the engine thread) records each function call's file. Files
 are counted under the repository root, this tool and the tests excluded; calls on background
-threads (the inference-log writer, samplers, the verifier, rollout and notifier threads) are not
-counted: they are not on the request's path. The warm-up keeps import-time code (lazy imports on
-a first request) out of the count.
+threads (the inference-log writer, samplers, the verifier, rollout and notifier threads, the
+engine's stats recorder that runs the sinks) are not counted: they are not on the request's path.
+The warm-up keeps import-time code (lazy imports on a first request) out of the count: a module
+that is only imported costs nothing here, a function of it that runs counts its file. Code that
+`dataclasses` generates (`__init__`, `__eq__`: its file name is "<string>") counts for the module
+of its class, so a dataclass built on the path counts as the code it is.
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ class CallRecorder:
         if not self.recording or event != "call":
             return
         path = frame.f_code.co_filename
+        if path == "<string>":  # generated code (a dataclass's __init__): its class's module
+            path = frame.f_globals.get("__file__") or path
         if not path.startswith(self.root) or path.startswith(self.excluded):
             return
         name = threading.current_thread().name

@@ -44,7 +44,7 @@ def validate_request(
     """Raise InvalidRequestError naming the parameter; the result can be admitted here or, by
     serving.ReplicaSet, on any replica."""
     loaded = parts.loaded
-    if not loaded.is_causal_lm:
+    if not parts.is_causal_lm:
         raise InvalidRequestError(
             f"{config.model_name or loaded.path} is an embedding model; it cannot generate text",
             param="model",
@@ -60,13 +60,13 @@ def validate_request(
     check_token_ids(params, loaded.args.vocab_size)
     capacity = len(ids) + params.max_tokens
     kv_tokens = parts.kv_cache.max_tokens
-    if not parts.kv_cache_fits(len(ids)):  # it could never be scheduled: refuse, not queue
+    if not parts.kv_cache.can_fit(len(ids)):  # it could never be scheduled: refuse, not queue
         raise InvalidRequestError(
             f"prompt ({len(ids)} tokens) is longer than this server's KV cache holds "
             f"({kv_tokens} tokens)",
             param="prompt",
         )
-    if not parts.kv_cache_fits(capacity):  # alone, it could run out of pages before the end
+    if not parts.kv_cache.can_fit(capacity):  # alone, it could run out of pages before the end
         raise InvalidRequestError(
             f"prompt + max_tokens ({capacity} tokens) does not fit in this server's KV cache "
             f"({kv_tokens} tokens)",
@@ -124,20 +124,23 @@ def new_sequence(
         constraint = None
         if request.constraint is not None:  # each choice its own matcher
             constraint = constraint_hooks.new_state(parts.grammars, request)
-        return Sequence(
-            request=request,
-            handle=handle,
-            stats=stats,
-            deadline=validated.deadline,
-            stop_checker=StopChecker(parts.tokenizer, params, validated.prompt_ids),
-            features=features_for(
+        features = None  # decided here, once: a plain choice never enters features.py
+        if not params.is_plain or constraint is not None or verified or validated.lora:
+            features = features_for(
                 params,
                 index,
                 parts.loaded.device,
                 constraint=constraint,
                 verified=verified,
                 lora=validated.lora,
-            ),
+            )
+        return Sequence(
+            request=request,
+            handle=handle,
+            stats=stats,
+            deadline=validated.deadline,
+            stop_checker=StopChecker(parts.tokenizer, params, validated.prompt_ids),
+            features=features,
         )
 
     first = choice(0, validated.stats)

@@ -53,10 +53,10 @@ class EngineParts:
     debug_leaked: list[Any] = field(default_factory=list)  # blocks held on purpose (debug setting)
     grammars: GrammarCache | None = None  # structured output; built at load for a causal LM
     loras: LoraRegistry | None = None  # LoRA adapters (runtime.engine.lora); a causal LM's
+    is_causal_lm: bool = field(init=False)  # can it generate: decided once, read per request
 
-    def kv_cache_fits(self, num_tokens: int) -> bool:
-        """Could a sequence of `num_tokens` ever get KV room (with the cache otherwise empty)?"""
-        return self.kv_cache.can_fit(num_tokens)
+    def __post_init__(self) -> None:
+        self.is_causal_lm = self.loaded.is_causal_lm
 
 
 def default_loader(config: EngineConfig) -> Callable[[], LoadedModel]:

@@ -75,7 +75,7 @@ class EngineCore:
         self.records: list[RequestStats] = []  # closed requests not yet handed to the sink
         # the sinks run on the recorder's thread (recorder.py); while a step is updated, the
         # final outputs it produces wait here to travel with its stats
-        self.recorder = StatsRecorder(sink) if sink is not None else None
+        self.recorder: StatsRecorder | None = None  # made by the first emit with a sink
         self.final_outputs: list[tuple[RequestHandle, TokenOutput]] | None = None
         self.num_steps = 0
         self.num_preemptions = 0
@@ -187,8 +187,8 @@ class EngineCore:
                     return
                 try:
                     self.expire(time.monotonic())
-                    limit = self.controller.maybe_update(time.monotonic())
-                    batch = self.scheduler.schedule(limit)
+                    # evaluated after each step, off this thread (learn): here only read
+                    batch = self.scheduler.schedule(self.controller.limit)
                 except Exception as exc:  # a fault in the bookkeeping must not end the loop:
                     failures.fail_live(self, exc)  # a dead loop would leave every request hanging
                     self.lock.wait(self.config.idle_wait_s)  # a fault every round: no spin
@@ -267,7 +267,6 @@ class EngineCore:
         busy_s = time.perf_counter() - t0
         if error is None:
             step_threads.observe(num_tokens, threads, busy_s)
-        self.tracker.add_busy(busy_s)
         with self.lock:
             self.in_flight = set()
             self.final_outputs = []
@@ -295,9 +294,7 @@ class EngineCore:
                 step = replace(step, compile_fallbacks=fast.num_compile_fallbacks)
             records, self.records = self.records, []
             finals, self.final_outputs = self.final_outputs, None
-        if error is None:  # a failed step's time says nothing about the cost of its work
-            self.controller.observe(step)
-        self.emit(step, records, finals)
+        self.emit(step, records, finals, failed=error is not None)
 
     def _update_rate(self, batch: SchedulerOutput, started_ts: float) -> None:
         num_tokens = batch.num_prefill_tokens + batch.num_decode_tokens
@@ -309,17 +306,36 @@ class EngineCore:
         step: StepStats | None,
         records: list[RequestStats],
         finals: list[tuple[RequestHandle, TokenOutput]] | None = None,
+        *,
+        failed: bool = False,
     ) -> None:
-        """Hand the stats to the recorder's thread (the final outputs go with them)."""
+        """Hand the stats to the recorder's thread (the final outputs go with them); the batch
+        policy learns from the step there too (`learn`), so the step loop runs neither."""
         if self.sink is None:  # the warm-up mutes the sink; outputs still go out
+            if step is not None:
+                self.learn(step, failed)
             for handle, output in finals or ():
                 handle.push(output)
             return
-        if step is not None and self.allocator_stats is not None:
-            step = replace(step, allocator=self.allocator_stats())
         if self.recorder is None or self.recorder.sink is not self.sink:
-            self.recorder = StatsRecorder(self.sink)
-        self.recorder.submit(step, records, finals or ())
+            self.recorder = StatsRecorder(self.sink, prepare=self._prepare_step)
+        self.recorder.submit(step, records, finals or (), failed=failed)
+
+    def learn(self, step: StepStats, failed: bool) -> None:
+        """The step to the batch policy: busy time, the step-time model unless it failed (its
+        time says nothing about the cost of its work), then the control law when an interval is
+        up. Thread-safe: runs on the recorder's thread; the loop only reads the limit."""
+        self.tracker.add_busy(step.busy_seconds)
+        if not failed:
+            self.controller.observe(step)
+        self.controller.maybe_update(time.monotonic())
+
+    def _prepare_step(self, step: StepStats, failed: bool) -> StepStats:
+        """The recorder's hook, before the sink: `learn`, then the allocator's figures."""
+        self.learn(step, failed)
+        if self.allocator_stats is None:
+            return step
+        return replace(step, allocator=self.allocator_stats())
 
     def update_from_output(self, batch: SchedulerOutput, output: StepOutput) -> None:
         """Each sampled token to its sequence (runtime.engine.postprocess), under the lock."""

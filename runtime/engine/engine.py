@@ -79,6 +79,8 @@ class Engine:
         self._allocator = allocator
         self._loader = loader or default_loader(config)
         self._once: CallOnce[EngineParts] = CallOnce(self._build)
+        # the parts once built: every request reads them without CallOnce's lock
+        self._ready: EngineParts | None = None
         self._draining = False
         self._tracker = BusyTracker(window_s=config.control_interval_s)
 
@@ -108,6 +110,7 @@ class Engine:
             live_ids_of=lambda: [*parts.core.seqs.keys(), *adapter_owner_ids(parts.loras)],
         )
         parts.core.on_idle = self.self_check.on_idle
+        self._ready = parts  # complete: CallOnce caches this same object for good
         return parts
 
     def load(self) -> None:
@@ -115,11 +118,12 @@ class Engine:
 
     @property
     def is_loaded(self) -> bool:
-        return self._once.is_done
+        return self._ready is not None
 
     @property
     def _parts(self) -> EngineParts:
-        return self._once.get()
+        parts = self._ready
+        return parts if parts is not None else self._once.get()
 
     @property
     def loaded(self) -> LoadedModel:

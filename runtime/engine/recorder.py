@@ -7,7 +7,10 @@ travel with that step's stats and the recorder pushes them to their handles only
 has recorded the step, so a request's end is seen after its numbers are in. A full queue (a sink
 slower than the engine) drops the step's stats, counted in `num_dropped`, never an output: those
 are pushed at once. `flush` waits until everything queued so far is recorded; `close` flushes
-and stops the thread (the engine's shutdown).
+and stops the thread (the engine's shutdown). A `prepare` hook runs on the recorder's thread for
+each step before the sink sees it: the engine's own consumers of step figures (the batch policy's
+step-time model, the allocator's report) run there too, off the step loop; a dropped step is
+dropped for them as well.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from runtime.engine.request import RequestHandle, TokenOutput
@@ -33,6 +36,7 @@ class _Entry:
     step: StepStats | None
     finished: Sequence[RequestStats]
     outputs: Sequence[tuple[RequestHandle, TokenOutput]]  # pushed once the stats are recorded
+    failed: bool = False  # the step raised (its outputs are its requests' errors)
 
 
 @dataclass
@@ -43,8 +47,16 @@ class _Marker:
 
 
 class StatsRecorder:
-    def __init__(self, sink: StatsSink, *, max_queued: int = DEFAULT_QUEUE_SIZE) -> None:
+    def __init__(
+        self,
+        sink: StatsSink,
+        *,
+        max_queued: int = DEFAULT_QUEUE_SIZE,
+        prepare: Callable[[StepStats, bool], StepStats] | None = None,
+    ) -> None:
         self.sink = sink
+        # (step, failed) -> the step the sink records; on this thread, before the sink
+        self.prepare = prepare
         self._queue: queue.Queue[_Entry | _Marker | None] = queue.Queue(maxsize=max_queued)
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -58,6 +70,8 @@ class StatsRecorder:
         step: StepStats | None,
         finished: Sequence[RequestStats] = (),
         outputs: Sequence[tuple[RequestHandle, TokenOutput]] = (),
+        *,
+        failed: bool = False,
     ) -> None:
         """From the engine thread: never blocks, never raises."""
         if not finished and step is None and not outputs:
@@ -66,7 +80,7 @@ class StatsRecorder:
             if not self._closed:
                 self._start()
                 try:
-                    self._queue.put_nowait(_Entry(step, finished, outputs))
+                    self._queue.put_nowait(_Entry(step, finished, outputs, failed))
                     return
                 except queue.Full:
                     pass
@@ -109,14 +123,26 @@ class StatsRecorder:
             if isinstance(entry, _Marker):
                 entry.done.set()
                 continue
+            step = entry.step
+            if step is not None and self.prepare is not None:
+                step = self._prepared(step, entry.failed)
             try:
-                self.sink.record(step=entry.step, finished=entry.finished)
+                self.sink.record(step=step, finished=entry.finished)
                 self.num_recorded += 1
             except Exception:  # telemetry must never stop the engine's outputs
                 self.num_sink_errors += 1
                 log.exception("stats sink failed")
             finally:
                 _push(entry.outputs)
+
+    def _prepared(self, step: StepStats, failed: bool) -> StepStats:
+        assert self.prepare is not None
+        try:
+            return self.prepare(step, failed)
+        except Exception:  # the step is still recorded, as the engine made it
+            self.num_sink_errors += 1
+            log.exception("stats prepare hook failed")
+            return step
 
 
 def _push(outputs: Sequence[tuple[RequestHandle, TokenOutput]]) -> None:

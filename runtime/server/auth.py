@@ -17,9 +17,19 @@ from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from runtime.errors import AuthenticationError, PermissionDeniedError
+from runtime.server.anthropic.errors import is_messages_path
 
 _api_bearer = HTTPBearer(auto_error=False, scheme_name="ApiKey", description="an API key")
 _admin_bearer = HTTPBearer(auto_error=False, scheme_name="AdminToken", description="admin token")
+
+
+def authorization_of(path: str, authorization: str | None, x_api_key: str | None) -> str | None:
+    """The `Authorization` value a request's key is read from: on the Messages routes an
+    `x-api-key` stands for `Bearer <key>` (Anthropic's clients send it; the OpenAI routes keep
+    `Authorization` only)."""
+    if x_api_key and is_messages_path(path):
+        return f"Bearer {x_api_key}"
+    return authorization
 
 
 def key_index(secret: str, candidates: Sequence[str]) -> int | None:

@@ -23,6 +23,20 @@ from runtime.serving.router import Router
 
 # start_span(request_id, traceparent, attributes) opens the request's SERVER span
 SpanStarter = Callable[[str, str | None, Mapping[str, Any]], object]
+# request id -> (traceparent, attributes, admission wall time): a span the tracing sink opens
+AdmittedSpans = dict[str, tuple[str | None, Mapping[str, Any], float]]
+
+
+@dataclass(eq=False)
+class SpanStarts:
+    """A `SpanStarter` that only notes the span (one dict store): the tracing sink opens it, at
+    the admission time noted here, on the engine's stats thread (monitoring.tracing), so the
+    request loop does no OpenTelemetry work."""
+
+    admitted: AdmittedSpans  # the tracing sink's (it drains it before each record)
+
+    def __call__(self, request_id: str, traceparent: str | None, attributes: Any) -> None:
+        self.admitted[request_id] = (traceparent, attributes, time.time())
 
 
 @dataclass

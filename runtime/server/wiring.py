@@ -22,7 +22,7 @@ from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.stats import FanOut
 from runtime.models.loader import resolve_device
 from runtime.server.openai.tenancy import TenantCacheTally
-from runtime.server.state import ServerState
+from runtime.server.state import ServerState, SpanStarts
 from runtime.serving.replicas import ReplicaSet
 from runtime.serving.router import Router
 
@@ -137,12 +137,7 @@ def attach_telemetry(state: ServerState) -> None:
             monitoring.prometheus.set_steals_source(lambda: sum(s.num_steals for s in sets))
     if settings.tracing_enabled:
         state.stats.add(monitoring.tracing)
-        tracing = monitoring.tracing
-
-        def start_span(request_id: str, traceparent: str | None, attributes: Any) -> object:
-            return tracing.start_request(request_id, traceparent, attributes)
-
-        state.start_span = start_span
+        state.start_span = SpanStarts(monitoring.tracing.admitted)  # opened off the request loop
     state.on_stop.append(monitoring.shutdown)
     state.monitoring = monitoring
 

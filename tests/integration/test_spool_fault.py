@@ -34,6 +34,9 @@ def serving(model: Path, db: Path, log_path: Path) -> Iterator[tuple[str, subpro
         "FASTLLM_VERIFY_SAMPLE_RATE": "0",
         "FASTLLM_ALERTS_ENABLED": "false",
         "FASTLLM_TRACING_ENABLED": "false",  # not what this test is about; spares CPU
+        # nor is the batch policy: its load-time sweep (batch sizes 1..64) was most of each
+        # start's 19-26 s on a loaded machine, and the test starts the server twice
+        "FASTLLM_BATCH_WARMUP": "false",
         "FASTLLM_DEVICE": "cpu",
         "FASTLLM_MODEL_NAME": "llama",
         "FASTLLM_LOG_CLOSE_TIMEOUT_S": "1",

@@ -135,3 +135,34 @@ def test_head_sampling_ratio_zero_records_nothing(exporter: InMemorySpanExporter
     sink.record(finished=[child])
     assert [s.attributes["fastllm.request_id"] for s in exporter.get_finished_spans()] == ["req-1"]
     assert provider.resource.attributes["service.name"] == "fastllm"
+
+
+def test_spans_noted_by_the_server_open_at_their_admission_time_before_the_record(
+    sink: TracingSink, exporter: InMemorySpanExporter
+) -> None:
+    """runtime.server.state.SpanStarts only notes a span (the request loop does no OTel work):
+    the next record opens it with the noted parent and time, links steps to it, and ends it."""
+    from runtime.server.state import SpanStarts
+
+    starts = SpanStarts(sink.admitted)
+    now = time.time()
+    requests = [
+        syn.finished_request(i, t0=now, prompt_tokens=5, completion_tokens=4) for i in range(2)
+    ]
+    for r in requests:
+        starts(r.request_id, TRACEPARENT, request_attributes(model=r.model, max_tokens=9))
+    assert sink.num_open == 0 and len(sink.admitted) == 2  # noted, nothing opened yet
+    noted_ts = {rid: noted[2] for rid, noted in sink.admitted.items()}
+    sink.record(step=syn.step(1, ts=now + 0.1, request_ids=("req-0", "req-1")))
+    assert sink.num_open == 2 and not sink.admitted
+    sink.record(finished=requests)
+    spans = {s.attributes["fastllm.request_id"]: s for s in server_spans(exporter)}
+    assert sorted(spans) == ["req-0", "req-1"] and sink.num_open == 0
+    for span in spans.values():
+        assert span.parent is not None and format(span.parent.span_id, "016x") == PARENT_ID
+        rid = span.attributes["fastllm.request_id"]
+        assert span.start_time == int(noted_ts[rid] * 1e9)  # the noted time, not the record's
+    (step,) = [s for s in exporter.get_finished_spans() if s.name == "engine.step"]
+    assert sorted(link.context.span_id for link in step.links) == sorted(
+        s.context.span_id for s in spans.values()
+    )

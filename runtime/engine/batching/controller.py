@@ -167,8 +167,9 @@ class BatchControllerStats:
 
 
 class AdaptiveBatchController:
-    """Owns the batch-size limit. Thread-safe: the engine loop calls `maybe_update` / reads `limit`,
-    an admin endpoint calls `set_batch_policy` from another thread."""
+    """Owns the batch-size limit. Thread-safe: the engine loop reads `limit`, the engine's stats
+    thread calls `observe` and `maybe_update` after each step (runtime.engine.core), an admin
+    endpoint calls `set_batch_policy` from another thread."""
 
     def __init__(
         self,
@@ -188,7 +189,9 @@ class AdaptiveBatchController:
         # checked once: a runtime protocol check costs more than the rest of a step's bookkeeping
         self._observer = self._source if isinstance(self._source, StepObserver) else None
         self._clock = clock
-        self._limit = self._config.initial
+        # the limit in force: a plain attribute the engine loop reads each round without a
+        # call (one int, replaced whole under the lock by an evaluation)
+        self.limit = self._config.initial
         self._next_eval: float | None = None  # set by the first maybe_update: a full interval first
         self._lock = threading.Lock()
         self._recent: deque[BatchDecision] = deque(maxlen=history)
@@ -201,10 +204,6 @@ class AdaptiveBatchController:
         cls, settings: Any, source: UtilizationSource | None = None, **kwargs: Any
     ) -> AdaptiveBatchController:
         return cls(BatchPolicyConfig.from_settings(settings), source, **kwargs)
-
-    @property
-    def limit(self) -> int:
-        return self._limit
 
     @property
     def config(self) -> BatchPolicyConfig:
@@ -221,9 +220,9 @@ class AdaptiveBatchController:
         with self._lock:
             if self._next_eval is None:
                 self._next_eval = now + self._config.interval_s
-                return self._limit
+                return self.limit
             if now < self._next_eval:
-                return self._limit
+                return self.limit
             # after a stall, restart from now instead of firing a burst of catch-up evaluations
             self._next_eval += self._config.interval_s
             if self._next_eval <= now:
@@ -236,18 +235,18 @@ class AdaptiveBatchController:
         utilization = self._source.read()  # outside the lock: a source may take a moment
         demand = self._demand.demand() if self._demand is not None else None
         with self._lock:
-            old = self._limit
+            old = self.limit
             new, action = next_limit(old, utilization, self._config)
             if utilization is not None and demand is not None and not demand.limit_binds:
                 action = "idle"
             elif action == "shrink" and demand is not None and (demand.num_seqs or 0) > old:
                 action = "draining"
             else:
-                self._limit = new
+                self.limit = new
             self._counts[action] += 1
             self._last_util = utilization
-            self._recent.append(BatchDecision(now, utilization, old, self._limit, action))
-            return self._limit
+            self._recent.append(BatchDecision(now, utilization, old, self.limit, action))
+            return self.limit
 
     def observe(self, step: StepStats) -> None:
         """Every engine step's stats, for a source that learns from them (the step-time model)."""
@@ -272,7 +271,7 @@ class AdaptiveBatchController:
         with self._lock:
             c = self._counts
             return BatchControllerStats(
-                limit=self._limit,
+                limit=self.limit,
                 config=self._config,
                 num_updates=sum(c.values()),
                 num_grows=c["grow"],

@@ -12,22 +12,13 @@ from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from runtime.errors import AuthenticationError
-from runtime.server.anthropic.errors import is_messages_path
-from runtime.server.auth import matches
+from runtime.server.auth import authorization_of, matches
 
 __all__ = ["authorization_of", "messages_key_dependencies"]
 
 _x_api_key = APIKeyHeader(name="x-api-key", auto_error=False, scheme_name="XApiKey")
 _bearer = HTTPBearer(auto_error=False, scheme_name="ApiKey", description="an API key")
 MISSING = "missing API key: send `x-api-key: <key>` or `Authorization: Bearer <key>`"
-
-
-def authorization_of(path: str, authorization: str | None, x_api_key: str | None) -> str | None:
-    """The `Authorization` value a request's key is read from: on the Messages routes an
-    `x-api-key` stands for `Bearer <key>`."""
-    if x_api_key and is_messages_path(path):
-        return f"Bearer {x_api_key}"
-    return authorization
 
 
 def messages_key_dependencies(api_keys: Sequence[str]) -> list[Any]:

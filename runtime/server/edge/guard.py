@@ -24,9 +24,8 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runtime.server.anthropic.auth import MISSING as MISSING_KEY
-from runtime.server.anthropic.auth import authorization_of
 from runtime.server.anthropic.errors import anthropic_error, is_messages_path
-from runtime.server.auth import api_key_problem
+from runtime.server.auth import api_key_problem, authorization_of
 from runtime.server.edge.body import BodyLimits, Refusal, check_json, header, read_body
 from runtime.server.errors import error_payload, record_failure
 from runtime.server.openai.tokenize import PATHS as TOKENIZER_PATHS

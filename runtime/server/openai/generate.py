@@ -27,7 +27,7 @@ from runtime.engine.sampling import SamplingParams
 from runtime.engine.stats import FinishReason
 from runtime.engine.timings import RequestMetrics
 from runtime.errors import Overloaded, RequestCancelled
-from runtime.server.anthropic.auth import authorization_of
+from runtime.server.auth import authorization_of
 from runtime.server.openai.controls import control_fields
 from runtime.server.openai.schemas import _Sampling
 from runtime.server.openai.streaming import token_events

@@ -184,11 +184,19 @@ class _Sampling(_Request, StructuredFields):
         return False
 
 
+def _refused_if_named(data: Any, fields: dict[str, tuple[Any, ...]]) -> Any:
+    """runtime.server.openai.unsupported's check, only for a body that names one of `fields`
+    (one set operation decides: a body that names none never runs it)."""
+    if isinstance(data, dict) and not fields.keys().isdisjoint(data):
+        return refuse_unsupported(data, fields)
+    return data
+
+
 class CompletionRequest(_Sampling):
     @model_validator(mode="before")
     @classmethod
     def _refuse_unsupported(cls, data: Any) -> Any:
-        return refuse_unsupported(data, COMPLETION_FIELDS)
+        return _refused_if_named(data, COMPLETION_FIELDS)
 
     max_tokens: NonNegativeInt | None = Field(
         None, description="default 16; 0 only with echo (score the prompt, generate nothing)"
@@ -284,7 +292,7 @@ class ChatCompletionRequest(_Sampling, ChatToolFields):
     @model_validator(mode="before")
     @classmethod
     def _refuse_unsupported(cls, data: Any) -> Any:
-        return refuse_unsupported(data, CHAT_FIELDS)
+        return _refused_if_named(data, CHAT_FIELDS)
 
     messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
     max_completion_tokens: PositiveInt | None = Field(None, description="alias of max_tokens")
@@ -302,7 +310,7 @@ class EmbeddingRequest(_Request):
     @model_validator(mode="before")
     @classmethod
     def _refuse_unsupported(cls, data: Any) -> Any:
-        return refuse_unsupported(data, EMBEDDING_FIELDS)
+        return _refused_if_named(data, EMBEDDING_FIELDS)
 
     model: str = Field(min_length=1, max_length=256)
     input: NonEmptyStr | Annotated[list[NonEmptyStr], Field(min_length=1, max_length=256)]

@@ -107,3 +107,75 @@ def test_a_finished_request_is_seen_with_its_record_and_steps_in(
             assert served.count(f"q{i}") == 3 + i  # its prefill step, then a step per decode
     finally:
         engine.shutdown()
+
+
+def _step(step_id: int) -> StepStats:
+    return StepStats(
+        ts=1.0,
+        step_id=step_id,
+        num_seqs=1,
+        num_prefill_tokens=0,
+        num_decode_tokens=1,
+        busy_seconds=0.01,
+        num_running=1,
+        num_waiting=0,
+        batch_size_limit=16,
+    )
+
+
+def test_prepare_runs_on_the_recorder_thread_and_the_sink_records_what_it_returns() -> None:
+    sink = RecordingSink()
+    seen: list[tuple[str, int, bool]] = []
+
+    def prepare(step: StepStats, failed: bool) -> StepStats:
+        seen.append((threading.current_thread().name, step.step_id, failed))
+        if step.step_id == 3:
+            raise RuntimeError("a broken hook")
+        return StepStats(**{**vars(step), "num_waiting": 7})
+
+    recorder = StatsRecorder(sink, prepare=prepare)
+    recorder.submit(_step(1))
+    recorder.submit(_step(2), failed=True)
+    recorder.submit(_step(3))  # the hook raises: the step is recorded as submitted, counted
+    recorder.submit(None, [record("r1")])  # no step: no hook
+    assert recorder.flush(30)
+    recorder.close()
+    assert seen == [
+        ("fastllm-stats", 1, False),
+        ("fastllm-stats", 2, True),
+        ("fastllm-stats", 3, False),
+    ]
+    assert [(s.step_id, s.num_waiting) for s in sink.steps] == [(1, 7), (2, 7), (3, 0)]
+    assert recorder.num_sink_errors == 1 and [r.request_id for r in sink.finished] == ["r1"]
+
+
+@pytest.mark.usefixtures(one_torch_thread.__name__)
+def test_the_batch_policy_and_the_allocator_report_follow_every_step_off_the_loop(
+    demo_model_dir: Callable[[str], Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a sink, the controller's step-time model, the busy tracker and the allocator's figures
+    are fed on the recorder's thread, before the step's outputs go out: a finished request's
+    steps are all in them."""
+    sink = RecordingSink()
+    engine, _ = make_engine(demo_model_dir("llama"), sink, batch_warmup=False)
+    try:
+        engine.load()
+        controller = engine._parts.controller
+        observed: list[tuple[str, tuple[str, ...]]] = []
+        observe = controller.observe
+
+        def spy(step: StepStats) -> None:
+            observed.append((threading.current_thread().name, step.request_ids))
+            observe(step)
+
+        monkeypatch.setattr(controller, "observe", spy)
+        params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+        engine.submit(GenerationRequest("q", [5, 6, 7], params)).result(timeout=60)
+        # no wait: the end of the stream came after its last step was observed
+        assert observed == [("fastllm-stats", ("q",))] * 4
+        served = [s for s in sink.steps if "q" in s.request_ids]
+        assert len(served) == 4 and all(s.allocator is not None for s in served)
+        assert engine.busy_fraction() is not None
+    finally:
+        engine.shutdown()

@@ -14,7 +14,7 @@ import torch
 
 from runtime.engine.engine import Engine, EngineConfig
 from runtime.memory import Allocator
-from runtime.models.loader import load_model
+from runtime.models.loader import LoadedModel, load_model
 from runtime.models.quant import Int4Linear
 from runtime.verify.tolerance import default_threshold, logit_tolerance
 from runtime.verify.verifier import Verifier
@@ -33,18 +33,24 @@ def _two_torch_threads() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
-def _run(model_dir: Path, num_prompts: int) -> RecordingSink:
+@pytest.fixture(scope="module")
+def int4_smollm2(smollm2_dir: Path) -> LoadedModel:
+    """Loaded and quantized once for both tests (the load was most of the shorter test's time):
+    an engine changes none of its weights, and the corrupted kernel is patched on the class."""
+    return load_model(smollm2_dir, device="cpu", quantization="int4", quantize_lm_head=True)
+
+
+def _run(loaded: LoadedModel, num_prompts: int) -> RecordingSink:
     recorder = RecordingSink()
     verifier = Verifier(recorder, sample_rate=1.0, queue_size=4096)
     engine = Engine(
         EngineConfig(
             model_name="smollm2", device="cpu", max_num_seqs=32, initial_num_seqs=32,
             quantization="int4",
+            batch_warmup=False,  # the batch policy's sweep (1..32 on a 135M model) is not tested
         ),
         recorder,
-        loader=lambda: load_model(
-            model_dir, device="cpu", quantization="int4", quantize_lm_head=True
-        ),
+        loader=lambda: loaded,
         allocator=Allocator(device="cpu"),
         verifier=verifier,
     )  # fmt: skip
@@ -60,8 +66,10 @@ def _run(model_dir: Path, num_prompts: int) -> RecordingSink:
     return recorder
 
 
-def test_a_healthy_int4_smollm2_with_an_int8_head_has_no_anomaly(smollm2_dir: Path) -> None:
-    logits = _run(smollm2_dir, NUM_REQUESTS).by_op()["logit"]
+def test_a_healthy_int4_smollm2_with_an_int8_head_has_no_anomaly(
+    int4_smollm2: LoadedModel,
+) -> None:
+    logits = _run(int4_smollm2, NUM_REQUESTS).by_op()["logit"]
     assert len(logits) == NUM_REQUESTS
     # the case of the issue: logits large enough that bf16's spacing exceeds the flat threshold
     assert max(abs(r.expected) for r in logits) > 16.0
@@ -71,7 +79,7 @@ def test_a_healthy_int4_smollm2_with_an_int8_head_has_no_anomaly(smollm2_dir: Pa
 
 
 def test_a_corrupted_int4_kernel_of_smollm2_is_caught(
-    smollm2_dir: Path, monkeypatch: pytest.MonkeyPatch
+    int4_smollm2: LoadedModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     intact = Int4Linear.forward
 
@@ -79,6 +87,6 @@ def test_a_corrupted_int4_kernel_of_smollm2_is_caught(
         return _corrupt(intact(self, x), 0.05)
 
     monkeypatch.setattr(Int4Linear, "forward", broken)
-    logits = _run(smollm2_dir, 8).by_op()["logit"]
+    logits = _run(int4_smollm2, 8).by_op()["logit"]
     assert len(logits) == 8
     assert sum(r.is_anomaly(BASE) for r in logits) >= 6  # nearly every request shows it
