@@ -93,7 +93,7 @@ from runtime.memory.host_malloc import (
 )
 @click.option(
     "--num-speculative-tokens",
-    type=int,
+    type=Bounded(1, 16),
     default=None,
     help="tokens drafted per decode step, 1-16 (default 4)",
 )

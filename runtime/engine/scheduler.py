@@ -239,6 +239,8 @@ class Scheduler:
         nobody can be admitted this step anyway."""
         if not self.waiting or len(self.running) >= max_num_seqs:
             return None
+        if not self.running and len(self.waiting) == 1:
+            return None  # one request and an idle batch: it may always start, nothing to order
         policy, now = self.priority, time.time()
         key = None if policy is None else (lambda seq: policy.key(seq, now)[0])
         return FairShare(self.config.share, self.running, max_num_seqs, key)

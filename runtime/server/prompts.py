@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from runtime.errors import InvalidRequestError
+from runtime.models.base import CausalLM
 from runtime.models.tokenizer import Tokenizer
 from runtime.server.offload import INLINE_CHARS, off_loop
 
@@ -36,7 +37,7 @@ def room_for(engine: Any) -> int | None:
     None for an embedding model (the engine refuses it for what it is). A prompt that fits this
     but leaves too little for max_tokens is the engine's to refuse, naming max_tokens."""
     loaded = engine.loaded
-    if not loaded.is_causal_lm:
+    if not isinstance(loaded.model, CausalLM):  # LoadedModel.is_causal_lm, without the call
         return None
     return max(1, int(loaded.args.max_position_embeddings) - 1)
 

@@ -29,6 +29,7 @@ HISTOGRAMS = {
     "fastllm_grammar_compile_seconds",
     "fastllm_priority_request_queue_seconds",
     "fastllm_priority_time_to_first_token_seconds",
+    "fastllm_spec_decode_acceptance_ratio",
 }
 
 

@@ -4,6 +4,8 @@ The request bodies and the error body are in runtime.server.openai.schemas."""
 
 from __future__ import annotations
 
+import operator
+from functools import partial
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -28,6 +30,9 @@ __all__ = [
 # present only with enable_request_metrics (runtime.engine.timings.RequestMetrics: queue, prefill
 # and decode seconds, TTFT, mean inter-token latency, tokens/s, cached prompt tokens)
 _M = "extension (enable_request_metrics): this request's timings"
+# `metrics` is left out of a reply without it; a C predicate, so a plain reply's serialisation
+# runs no code of this module
+_IS_NONE = partial(operator.is_, None)
 
 
 class PromptTokensDetails(BaseModel):
@@ -56,7 +61,7 @@ class CompletionResponse(BaseModel):
     choices: list[CompletionChoice]
     usage: Usage | None = None
     system_fingerprint: str | None = None
-    metrics: dict[str, Any] | None = Field(None, exclude_if=lambda v: v is None, description=_M)
+    metrics: dict[str, Any] | None = Field(None, exclude_if=_IS_NONE, description=_M)
 
 
 class AssistantMessage(BaseModel):
@@ -80,7 +85,7 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: Usage
     system_fingerprint: str | None = None
-    metrics: dict[str, Any] | None = Field(None, exclude_if=lambda v: v is None, description=_M)
+    metrics: dict[str, Any] | None = Field(None, exclude_if=_IS_NONE, description=_M)
 
 
 class Embedding(BaseModel):

@@ -36,8 +36,9 @@ def serve(
 @pytest.mark.parametrize(
     ("flags", "setting"),
     [
-        (("--num-speculative-tokens", "0"), "num_speculative_tokens"),
-        (("--num-speculative-tokens", "17"), "num_speculative_tokens"),
+        # the option's own bounds (click names the flag)
+        (("--num-speculative-tokens", "0"), "--num-speculative-tokens"),
+        (("--num-speculative-tokens", "17"), "--num-speculative-tokens"),
         (("--speculative-method", "eagle"), "speculative_method"),
         (("--speculative-method", "self_draft", "--quantization", "int4"), "draft"),
     ],

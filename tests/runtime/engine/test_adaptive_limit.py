@@ -49,9 +49,14 @@ def test_32_waiting_streams_never_end_with_the_limit_at_min_num_seqs(demo_model_
     try:
         for t in threads:
             t.start()
+        # u read while the backlog runs (at its tail the window's batch size is new and may have
+        # too few steps to give a share: None there is the signal holding, not a failure)
+        readings = []
+        while time.monotonic() < stop:
+            readings.append(engine.utilization())
+            time.sleep(0.2)
         for t in threads:
             t.join(90)
-        u = engine.utilization()
     finally:
         engine.shutdown(drain_timeout_s=10)
     assert not errors, errors[:3]
@@ -59,7 +64,8 @@ def test_32_waiting_streams_never_end_with_the_limit_at_min_num_seqs(demo_model_
     assert stats.num_updates >= 10, stats
     limits = [d.new_limit for d in stats.recent]
     assert min(limits) > 1 and stats.limit > 1, [(d.action, d.new_limit) for d in stats.recent]
-    assert u is not None and 0.0 <= u <= 1.0
+    seen = [u for u in readings if u is not None]
+    assert seen and all(0.0 <= u <= 1.0 for u in seen), readings
 
 
 @pytest.mark.cuda

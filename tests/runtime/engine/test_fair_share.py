@@ -113,3 +113,28 @@ def test_turns_alternate_as_a_step_admits() -> None:
         s.add(seq(f"big-{k}", group="big", first=10 * k + 1))
     s.add(seq("chat", first=90))
     assert admitted(run_step(s, 8)) == ["big-0", "chat", "big-1", "big-2", "big-3"]
+
+
+def _prioritised(rid: str, priority: int, **kw: object) -> Sequence:
+    s = seq(rid, **kw)  # type: ignore[arg-type]
+    s.request = GenerationRequest(
+        rid,
+        s.request.prompt_token_ids,
+        s.request.sampling,
+        group=s.request.group,
+        priority=priority,
+    )
+    return s
+
+
+def test_fcfs_never_reads_a_request_priority_and_the_priority_policy_ranks_by_it() -> None:
+    """Under fcfs a client's `priority` field orders nothing (the policy is off); under the
+    priority policy the fair-share order keeps the policy's order (lower first)."""
+    for policy, expected in (("fcfs", ["low", "high"]), ("priority", ["high", "low"])):
+        config = SchedulerConfig(64, 100, 10_000, scheduling_policy=policy, priority_aging_s=0)
+        s = Scheduler(config, make_kv())
+        s.add(_prioritised("busy", 0, group="g"))
+        assert admitted(run_step(s, 1)) == ["busy"]  # something runs: fair share orders
+        s.add(_prioritised("low", 5, group="a"))
+        s.add(_prioritised("high", 0, group="b"))
+        assert admitted(run_step(s, 3)) == expected
