@@ -161,3 +161,6 @@ def close_features(
         constraint_hooks.record_outcome(features.constraint, seq.stats)
     if verifier is not None and features.verify is not None:
         verifier.submit_sequence(seq, loaded.model, loaded.dtype)  # only queues a job
+    # the adapter's block is released on unload only once nothing refers to it; a closed
+    # sequence may live on a while (a handle, a GC cycle), so it lets go of the weights here
+    features.lora = None

@@ -119,6 +119,28 @@ def test_load_unload_returns_bytes_and_lru(base_dir: Path, adapter_dirs) -> None
         engine.shutdown()
 
 
+def test_a_closed_sequence_lets_go_of_its_adapter(base_dir: Path, adapter_dirs) -> None:
+    """An unloaded adapter's bytes come back even while its finished sequences live on (a
+    handle, a GC cycle, a stats record): closing a sequence drops its weights reference. The
+    CI run of the hot-swap test once found the block still pending here."""
+    allocator = Allocator(device="cpu")
+    engine = Engine(engine_config(model_path=base_dir, batch_warmup=False), allocator=allocator)
+    try:
+        engine.load()
+        baseline = allocator.stats().bytes_in_use
+        engine.load_lora("a1", str(adapter_dirs["a1"]))
+        core = engine._parts.core
+        closed, on_close = [], core.on_close
+        assert on_close is not None
+        core.on_close = lambda seq: (on_close(seq), closed.append(seq))  # keeps them alive
+        _run(engine, "kept", [4, 5, 6], "a1", n=3)
+        assert len(closed) == 1
+        engine.unload_lora("a1")
+        assert allocator.stats().bytes_in_use == baseline
+    finally:
+        engine.shutdown()
+
+
 def test_every_slot_busy_is_overloaded(base_dir: Path, adapter_dirs) -> None:
     config = engine_config(model_path=base_dir, max_loras=1, batch_warmup=False)
     sink = RecordingSink()

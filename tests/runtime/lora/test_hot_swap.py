@@ -99,4 +99,5 @@ def test_streams_survive_hot_load_unload(served: LiveServer, adapter_dirs: dict[
         w.join(120)
     assert not problems, problems[:5]
     assert cycles >= 10
-    assert engine.allocator_stats().bytes_in_use == baseline
+    live = [(b.owner, b.reserved_bytes, b.tier) for b in engine.leak_report()]
+    assert engine.allocator_stats().bytes_in_use == baseline, live
