@@ -21,7 +21,9 @@ def _stream(url: str, started: threading.Barrier) -> tuple[int, list[str]]:
     body = {
         "model": "llama-tiny",
         "prompt": "once upon a time",
-        "max_tokens": 60,
+        # long enough that the streams still run while the test checks /ready and the refusal:
+        # 60 tokens were all drained before those checks on a loaded machine (connection refused)
+        "max_tokens": 400,
         "ignore_eos": True,  # the random model may draw eos early: run every stream to the end
         "stream": True,
     }
