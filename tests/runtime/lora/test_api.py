@@ -151,7 +151,8 @@ def test_metrics_count_requests_per_adapter(client: openai.OpenAI, served: LiveS
     lines = [line for line in text.splitlines() if line.startswith("fastllm_lora_")]
     requests = [line for line in lines if line.startswith("fastllm_lora_requests_total{")]
     assert any('adapter="a1"' in line and 'model="llama"' in line for line in requests)
-    resident = [line for line in lines if line.startswith("fastllm_lora_adapters_resident{")]
+    resident = [line for line in lines if line.startswith("fastllm_lora_adapters{")]
+    resident = [line for line in resident if 'state="resident"' in line]
     assert resident and float(resident[0].rsplit(" ", 1)[1]) >= 1
 
 
