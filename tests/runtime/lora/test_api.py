@@ -6,6 +6,7 @@ puts the allocator's bytes back to where they were; bad adapters are 4xx in the 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -143,6 +144,29 @@ def test_bad_adapter_is_a_400(
     assert engine.allocator_stats().bytes_in_use == baseline
     models = httpx.get(f"{served.url}/v1/models", headers=AUTH).json()["data"]
     assert f"bad-{kind}" not in {card["id"] for card in models}
+
+
+def test_path_outside_lora_dir_is_a_400(served: LiveServer, adapter_dirs: dict[str, Path]) -> None:
+    """With `lora_dir` set the engine's registry reads adapters only from under it: a path that
+    leaves it is refused before any file is read; a relative path inside it loads."""
+    registry = _engine(served)._parts.loras
+    assert registry is not None
+    limits = registry.limits
+    registry.limits = replace(limits, lora_dir=adapter_dirs["a1"].parent)
+    url = f"{served.url}/v1/load_lora_adapter"
+    try:
+        for outside in ("../elsewhere", "/etc", "a2/../../x"):
+            body = {"lora_name": "out", "lora_path": outside}
+            response = httpx.post(url, json=body, headers=ADMIN)
+            assert response.status_code == 400, response.text
+            error = response.json()["error"]
+            assert error["code"] == "lora_path_outside" and "\n" not in error["message"]
+        inside = httpx.post(url, json={"lora_name": "in", "lora_path": "a2"}, headers=ADMIN)
+        assert inside.status_code == 200, inside.text
+    finally:
+        registry.limits = limits
+    unload = f"{served.url}/v1/unload_lora_adapter"
+    assert httpx.post(unload, json={"lora_name": "in"}, headers=ADMIN).status_code == 200
 
 
 def test_metrics_count_requests_per_adapter(client: openai.OpenAI, served: LiveServer) -> None:
