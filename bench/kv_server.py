@@ -17,10 +17,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 @contextmanager
 def serve(
-    model: Path, device: str, *, prefix_caching: bool, name: str | None = None
+    model: Path,
+    device: str,
+    *,
+    prefix_caching: bool,
+    name: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> Iterator[str]:
     """The server's base URL while it runs; metrics on, everything else around it off. `name`:
-    the model name it serves (default: the directory's)."""
+    the model name it serves (default: the directory's); `env`: more FASTLLM_* settings."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -33,6 +38,7 @@ def serve(
         "FASTLLM_STORAGE_ENABLED": "false",
         "FASTLLM_ALERTS_ENABLED": "false",
         **({"FASTLLM_MODEL_NAME": name} if name else {}),
+        **(env or {}),
     }
     cmd = [sys.executable, "-m", "runtime", "serve", "--model", str(model), "--port", str(port)]
     proc = subprocess.Popen(

@@ -46,8 +46,9 @@ MODULES = {
 }
 
 
-def write_adapter(args: ModelArgs, out: Path, rank: int, seed: int) -> Path:
-    """A PEFT LoRA directory (adapter_config.json + adapter_model.safetensors), random A, B."""
+def write_adapter(args: ModelArgs, out: Path, rank: int, seed: int, std: float = 0.02) -> Path:
+    """A PEFT LoRA directory (adapter_config.json + adapter_model.safetensors), random A, B
+    (normal with `std`: a larger one makes an adapter's greedy tokens differ from the base's)."""
     from safetensors.torch import save_file
 
     from runtime.models.lora.peft import _fan
@@ -58,8 +59,8 @@ def write_adapter(args: ModelArgs, out: Path, rank: int, seed: int) -> Path:
         for module, block in MODULES.items():
             fan_in, fan_out = _fan(args, module)
             prefix = f"base_model.model.model.layers.{layer}.{block}.{module}"
-            tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, fan_in, generator=gen) * 0.02
-            tensors[f"{prefix}.lora_B.weight"] = torch.randn(fan_out, rank, generator=gen) * 0.02
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, fan_in, generator=gen) * std
+            tensors[f"{prefix}.lora_B.weight"] = torch.randn(fan_out, rank, generator=gen) * std
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "adapter_model.safetensors"))
     config = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "use_rslora": False}

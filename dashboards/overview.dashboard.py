@@ -13,6 +13,7 @@ from dashboards.common import (
     quantiles,
 )
 from dashboards.endpoint_panels import ENDPOINT_ROW
+from dashboards.lora_panels import LORA_ROW
 from dashboards.structured_panels import STRUCTURED_ROW
 
 SUCCESS = f"sum(rate(fastllm_request_success_total{{{MODEL_SEL}}}[{RATE}]))"
@@ -259,5 +260,6 @@ dashboard = make_dashboard(
         ),
         STRUCTURED_ROW,
         ENDPOINT_ROW,
+        LORA_ROW,
     ],
 )

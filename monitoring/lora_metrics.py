@@ -1,14 +1,17 @@
 """LoRA adapter metrics (runtime.engine.lora), on the app's registry:
 
-    fastllm_lora_adapters_resident{model,version}          gauge    adapters with weights resident
+    fastllm_lora_adapters{model,version,state}             gauge    resident: weights in a block;
+                                                                    loading: being read right now
     fastllm_lora_adapter_bytes{model,version,adapter}      gauge    each resident adapter's block
     fastllm_lora_loads_total{model,version}                counter  adapters made resident
     fastllm_lora_evictions_total{model,version}            counter  LRU evictions (max_loras)
     fastllm_lora_requests_total{model,version,adapter}     counter  finished requests per adapter
 
+`fastllm_lora_adapters{state}` and `fastllm_lora_requests_total{adapter}` are DESIGN.md's names.
 The first four are read from the engines' registries at scrape time (a collector, like the
-self-check's); the requests counter is a sink over finished requests' `adapter` field. An engine
-that is not loaded yet, or serves no adapters, shows no sample.
+self-check's): a loaded causal LM shows them at 0 before any adapter. The requests counter is a
+sink over finished requests' `adapter` field (a series per adapter once it served a request). An
+engine that is not loaded yet, or can serve no adapters (tensor-parallel), shows no sample.
 """
 
 from __future__ import annotations
@@ -22,16 +25,17 @@ from prometheus_client.registry import Collector
 
 from runtime.engine.stats import RequestStats, StepStats, VerificationResult
 
-__all__ = ["LORA_METRIC_NAMES", "LoraCollector", "LoraRequestSink"]
+__all__ = ["ADAPTER_STATES", "LORA_METRIC_NAMES", "LoraCollector", "LoraRequestSink"]
 
 LORA_METRIC_NAMES: tuple[str, ...] = (
-    "fastllm_lora_adapters_resident",
+    "fastllm_lora_adapters",
     "fastllm_lora_adapter_bytes",
     "fastllm_lora_loads_total",
     "fastllm_lora_evictions_total",
     "fastllm_lora_requests_total",
 )
 _MV = ["model", "version"]
+ADAPTER_STATES: tuple[str, ...] = ("resident", "loading")
 # (model, version, the engine's lora_stats: a runtime.engine.lora.LoraStats or None)
 Source = tuple[str, str, Callable[[], Any]]
 
@@ -50,10 +54,11 @@ class LoraCollector(Collector):
     def _families(
         self, sources: Sequence[Source] = ()
     ) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        resident = GaugeMetricFamily(
-            "fastllm_lora_adapters_resident",
-            "LoRA adapters whose weights are resident (at most max_loras).",
-            labels=_MV,
+        adapters = GaugeMetricFamily(
+            "fastllm_lora_adapters",
+            "LoRA adapters by state: resident (weights in an allocator block, at most "
+            "max_loras) or loading (being read from their directory).",
+            labels=[*_MV, "state"],
         )
         nbytes = GaugeMetricFamily(
             "fastllm_lora_adapter_bytes",
@@ -74,12 +79,13 @@ class LoraCollector(Collector):
             stats = stats_of()
             if stats is None:
                 continue
-            resident.add_metric([model, version], stats.num_resident)
+            adapters.add_metric([model, version, "resident"], stats.num_resident)
+            adapters.add_metric([model, version, "loading"], stats.num_loading)
             for adapter, size in sorted(stats.resident_bytes.items()):
                 nbytes.add_metric([model, version, adapter], size)
             loads.add_metric([model, version], stats.loads_total)
             evictions.add_metric([model, version], stats.evictions_total)
-        yield from (resident, nbytes, loads, evictions)
+        yield from (adapters, nbytes, loads, evictions)
 
 
 class LoraRequestSink:

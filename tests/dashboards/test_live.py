@@ -9,9 +9,11 @@ HTTP load; a real Prometheus scrapes its /metrics with the project's alert rules
   deploy/postgres/init creates, must return rows, and the anomaly panels must agree with the
   storage audit (`storage.run_audit`).
 
-Every request is verified on the real reference path (verify_sample_rate=1.0); after Prometheus's
-first scrape the model's SwiGLU kernel is swapped for one that corrupts a fraction of its outputs,
-so the anomaly panels and the FastllmOperatorAnomalies alert have real anomalies to show.
+A PEFT adapter is served beside the base model and every fifth request selects it, so the LoRA
+panels have an adapter to show. Every request is verified on the real reference path
+(verify_sample_rate=1.0); after Prometheus's first scrape the model's SwiGLU kernel is swapped for
+one that corrupts a fraction of its outputs, so the anomaly panels and the
+FastllmOperatorAnomalies alert have real anomalies to show.
 """
 
 from __future__ import annotations
@@ -29,10 +31,12 @@ import httpx
 import psycopg
 import pytest
 
+from bench.lora import write_adapter
 from dashboards.macros import expand_promql, expand_sql
 from dashboards.queries import PROMQL, SQL, all_queries, load_generated, variable_queries
 from runtime.config import Settings
 from runtime.models import ops
+from runtime.models.loader import read_args
 from runtime.server.wiring import build_state
 from storage import make_engine, run_audit
 from tests.dashboards.support import ROOT, TEST_PASSWORD, dsn, run_init_script
@@ -42,6 +46,7 @@ from tests.runtime.server.live import LiveServer
 from tests.runtime.verify.support import corrupting
 
 MODEL = "llama"
+ADAPTER = "sql"  # a LoRA adapter on MODEL (random A and B), selected by `model`
 RULES = ROOT / "alerts/rules/fastllm.rules.yml"
 # Always pending (never firing within a test), so the pending-state panels have a series.
 PENDING_RULE = """groups:
@@ -72,7 +77,8 @@ class Load:
             i = 0
             while not self._stop.is_set():
                 i += 1
-                body: dict[str, Any] = {"model": MODEL, "prompt": f"hello {k} {i}", "max_tokens": 6}
+                model = ADAPTER if i % 5 == 3 else MODEL
+                body: dict[str, Any] = {"model": model, "prompt": f"hello {k} {i}", "max_tokens": 6}
                 if i % 7 == 1:  # the first request of each client, then every 7th
                     body["max_tokens"] = -1  # 400: counted as failure reason "validation"
                 body["stream"] = i % 3 == 0
@@ -126,9 +132,12 @@ def stack(
     url = postgres_cluster.url(database)
     init = run_init_script(url)  # as in compose: the role exists before the runtime migrates
     assert init.returncode == 0, init.stderr
+    model_dir = demo_model_dir("llama")
+    adapter = write_adapter(read_args(model_dir), tmp_path_factory.mktemp("lora"), 4, seed=1)
     settings = Settings(
-        model_path=demo_model_dir("llama"),
+        model_path=model_dir,
         model_name=MODEL,
+        loras=[f"{ADAPTER}={adapter}"],
         device="cpu",
         database_url=url,
         storage_enabled=True,

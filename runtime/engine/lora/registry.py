@@ -4,7 +4,7 @@ resident (weights in an allocator block), and the LRU that keeps at most `max_lo
     registry.register("sql", "/adapters/sql")     # read, validated, made resident (or an error)
     adapter = registry.acquire("sql")              # per request: resident again if evicted; LRU
     registry.unregister("sql")                     # its block released: bytes back
-    registry.stats()                               # resident, loads, evictions, bytes per adapter
+    registry.stats()                               # resident, loading, loads, evictions, bytes
 
 Residency: each resident adapter owns one allocator block (owner `lora:<name>`) holding its
 fused weights (runtime.models.lora.weights). Making one more resident beyond `max_loras` evicts
@@ -69,6 +69,7 @@ class LoraStats:
     loads_total: int = 0  # adapters made resident (first load and reloads after eviction)
     evictions_total: int = 0
     load_seconds_total: float = 0.0
+    num_loading: int = 0  # adapters being read from their directory right now (load or reload)
 
     @property
     def num_resident(self) -> int:
@@ -96,6 +97,7 @@ class LoraRegistry:
         self._lru: OrderedDict[str, ResidentAdapter] = OrderedDict()  # oldest first
         self._serial = 0
         self._loads = self._evictions = 0
+        self._loading = 0  # reads in progress (outside the lock: counted for the metrics)
         self._load_seconds = 0.0
         # the resident names, replaced whole under the lock and read without it (the engine's
         # idle self-check reads it under the core lock: taking ours there could deadlock)
@@ -122,7 +124,14 @@ class LoraRegistry:
             )
 
     def _read(self, path: Path) -> AdapterTensors:
-        return read_adapter(path, self.args, max_rank=self.limits.max_lora_rank)
+        """Called without the lock held (a slow read blocks no admission)."""
+        with self._lock:
+            self._loading += 1
+        try:
+            return read_adapter(path, self.args, max_rank=self.limits.max_lora_rank)
+        finally:
+            with self._lock:
+                self._loading -= 1
 
     def unregister(self, name: str) -> None:
         with self._lock:
@@ -228,6 +237,7 @@ class LoraRegistry:
                 loads_total=self._loads,
                 evictions_total=self._evictions,
                 load_seconds_total=self._load_seconds,
+                num_loading=self._loading,
             )
 
     def close(self) -> None:

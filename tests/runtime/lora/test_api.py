@@ -5,13 +5,18 @@ puts the allocator's bytes back to where they were; bad adapters are 4xx in the 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 
 from runtime.engine.engine import Engine
 from runtime.engine.request import GenerationRequest
@@ -71,6 +76,45 @@ def test_openai_client_selects_the_adapter(client: openai.OpenAI, served: LiveSe
         model="a1", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0
     )
     assert chat.model == "a1" and chat.usage is not None and chat.usage.completion_tokens == 4
+
+
+def test_adapter_with_a_constraint_and_logprobs(client: openai.OpenAI) -> None:
+    """A constrained row runs its adapter: the answer is one of the choices, and its logprobs
+    are the adapter's, not the base model's."""
+    options = ["alpha", "beta", "gamma"]
+    outs = {
+        model: client.completions.create(
+            model=model,
+            prompt="Pick one:",
+            max_tokens=8,
+            temperature=0,
+            logprobs=1,
+            extra_body={"guided_choice": options},
+        )
+        for model in ("a1", "llama")
+    }
+    for out in outs.values():
+        assert out.choices[0].text in options and out.choices[0].logprobs is not None
+    adapted, base = (outs[m].choices[0].logprobs for m in ("a1", "llama"))
+    assert adapted is not None and base is not None
+    assert adapted.token_logprobs != base.token_logprobs
+
+
+def test_span_carries_the_adapter(client: openai.OpenAI, served: LiveServer) -> None:
+    monitoring = served.state.monitoring
+    assert monitoring is not None
+    spans = InMemorySpanExporter()
+    monitoring.tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+    client.completions.create(model="a1", prompt="Hi", max_tokens=2, temperature=0)
+    client.completions.create(model="llama", prompt="Hi", max_tokens=2, temperature=0)
+    deadline = time.monotonic() + 30  # spans end as the requests' stats reach the sink
+    while time.monotonic() < deadline:
+        server = [s for s in spans.get_finished_spans() if s.kind == SpanKind.SERVER]
+        if len(server) >= 2:
+            break
+        time.sleep(0.05)
+    adapters = [(s.attributes or {}).get("fastllm.lora.adapter") for s in server]
+    assert len(adapters) == 2 and set(adapters) == {"a1", None}
 
 
 def test_models_list_adapters_with_parent(client: openai.OpenAI) -> None:
@@ -145,13 +189,37 @@ def test_bad_adapter_is_a_400(
     assert f"bad-{kind}" not in {card["id"] for card in models}
 
 
+def test_path_outside_lora_dir_is_a_400(served: LiveServer, adapter_dirs: dict[str, Path]) -> None:
+    """With `lora_dir` set the engine's registry reads adapters only from under it: a path that
+    leaves it is refused before any file is read; a relative path inside it loads."""
+    registry = _engine(served)._parts.loras
+    assert registry is not None
+    limits = registry.limits
+    registry.limits = replace(limits, lora_dir=adapter_dirs["a1"].parent)
+    url = f"{served.url}/v1/load_lora_adapter"
+    try:
+        for outside in ("../elsewhere", "/etc", "a2/../../x"):
+            body = {"lora_name": "out", "lora_path": outside}
+            response = httpx.post(url, json=body, headers=ADMIN)
+            assert response.status_code == 400, response.text
+            error = response.json()["error"]
+            assert error["code"] == "lora_path_outside" and "\n" not in error["message"]
+        inside = httpx.post(url, json={"lora_name": "in", "lora_path": "a2"}, headers=ADMIN)
+        assert inside.status_code == 200, inside.text
+    finally:
+        registry.limits = limits
+    unload = f"{served.url}/v1/unload_lora_adapter"
+    assert httpx.post(unload, json={"lora_name": "in"}, headers=ADMIN).status_code == 200
+
+
 def test_metrics_count_requests_per_adapter(client: openai.OpenAI, served: LiveServer) -> None:
     client.completions.create(model="a1", prompt="Hi", max_tokens=2, temperature=0)
     text = httpx.get(f"{served.url}/metrics").text
     lines = [line for line in text.splitlines() if line.startswith("fastllm_lora_")]
     requests = [line for line in lines if line.startswith("fastllm_lora_requests_total{")]
     assert any('adapter="a1"' in line and 'model="llama"' in line for line in requests)
-    resident = [line for line in lines if line.startswith("fastllm_lora_adapters_resident{")]
+    resident = [line for line in lines if line.startswith("fastllm_lora_adapters{")]
+    resident = [line for line in resident if 'state="resident"' in line]
     assert resident and float(resident[0].rsplit(" ", 1)[1]) >= 1
 
 

@@ -4,6 +4,7 @@ it gets alone; adapted greedy tokens are PEFT's; prefix pages are keyed by adapt
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -187,3 +188,36 @@ def test_idle_self_check_counts_adapters_as_owned(engine: Engine) -> None:
     assert engine.self_check is not None
     result = engine.self_check.check(0.0)
     assert result.orphan_blocks == 0, result.orphan_owners
+
+
+def test_a_load_in_progress_counts_as_loading(
+    base_dir: Path, adapter_dirs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`fastllm_lora_adapters{state="loading"}` reads this: an adapter is loading while its
+    files are read, and no longer once it is resident."""
+    from runtime.engine.lora import registry as registry_module
+
+    reading, release = threading.Event(), threading.Event()
+    read = registry_module.read_adapter
+
+    def slow_read(*args, **kwargs):
+        reading.set()
+        assert release.wait(60)
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(registry_module, "read_adapter", slow_read)
+    engine = Engine(engine_config(model_path=base_dir, batch_warmup=False))
+    try:
+        engine.load()
+        loader = threading.Thread(target=engine.load_lora, args=("a1", str(adapter_dirs["a1"])))
+        loader.start()
+        assert reading.wait(60)
+        stats = engine.lora_stats()
+        assert stats is not None and stats.num_loading == 1 and stats.num_resident == 0
+        release.set()
+        loader.join(60)
+        stats = engine.lora_stats()
+        assert stats is not None and stats.num_loading == 0 and stats.num_resident == 1
+    finally:
+        release.set()
+        engine.shutdown()

@@ -62,7 +62,9 @@ def test_path_outside_lora_dir(adapter_dirs: dict[str, Path], tmp_path: Path) ->
         resolve_adapter_path("link", root)
 
 
-@pytest.mark.parametrize("kind", ["pickle", "wrong_shape", "rank_above_bound"])
+@pytest.mark.parametrize(
+    "kind", ["pickle", "wrong_shape", "rank_above_bound", "missing_weights", "nowhere"]
+)
 def test_serve_with_a_bad_lora_exits_2(
     bad, base_dir: Path, kind: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -72,3 +74,18 @@ def test_serve_with_a_bad_lora_exits_2(
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert exc.value.code == 2
     assert len(lines) == 1 and "--lora bad" in lines[0]
+
+
+def test_serve_with_a_lora_outside_lora_dir_exits_2(
+    adapter_dirs: dict[str, Path],
+    base_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("FASTLLM_LORA_DIR", str(adapter_dirs["a1"].parent))
+    argv = ["serve", "--model", str(base_dir), "--lora", "out=../elsewhere", "--port", "0"]
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert exc.value.code == 2
+    assert len(lines) == 1 and "--lora out" in lines[0] and "outside" in lines[0]

@@ -36,6 +36,7 @@ def test_lora_metrics_from_stats_and_requests() -> None:
         resident_bytes={"a1": 4096, "a3": 8192},
         loads_total=5,
         evictions_total=2,
+        num_loading=1,
     )
     engines = [("llama", "stable", _Engine(stats)), ("llama", "canary", _Engine(None))]
     sink = attach(registry, engines)
@@ -47,14 +48,16 @@ def test_lora_metrics_from_stats_and_requests() -> None:
     sink.record(finished=finished)
     value = registry.get_sample_value
     labels = {"model": "llama", "version": "stable"}
-    assert value("fastllm_lora_adapters_resident", labels) == 2
+    assert value("fastllm_lora_adapters", {**labels, "state": "resident"}) == 2
+    assert value("fastllm_lora_adapters", {**labels, "state": "loading"}) == 1
     assert value("fastllm_lora_adapter_bytes", {**labels, "adapter": "a3"}) == 8192
     assert value("fastllm_lora_loads_total", labels) == 5
     assert value("fastllm_lora_evictions_total", labels) == 2
     assert value("fastllm_lora_requests_total", {**labels, "adapter": "a1"}) == 2
     assert value("fastllm_lora_requests_total", {**labels, "adapter": ""}) is None
     canary = {"model": "llama", "version": "canary"}
-    assert value("fastllm_lora_adapters_resident", canary) is None  # no adapters: no sample
+    # a model that can serve no adapters: no sample
+    assert value("fastllm_lora_adapters", {**canary, "state": "resident"}) is None
     assert check_metrics(generate_latest(registry).decode()) == []  # promtool's lint
 
 
@@ -80,7 +83,7 @@ def test_registration_and_scrapes_never_load_the_model() -> None:
     generate_latest(registry)
     assert (
         registry.get_sample_value(
-            "fastllm_lora_adapters_resident", {"model": "llama", "version": "stable"}
+            "fastllm_lora_adapters", {"model": "llama", "version": "stable", "state": "resident"}
         )
         is None
     )
