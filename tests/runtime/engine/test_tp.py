@@ -43,12 +43,13 @@ def _one_thread(one_torch_thread: None) -> None:
 
 
 def _shard_logits(
-    model_dir: Path, prompt: list[int], quantization: str | None = None
+    model_dir: Path, prompt: list[int], quantization: str | None = None, world_size: int = 2
 ) -> torch.Tensor:
-    """Rank 0's logits for `prompt` with one worker: the step sent by hand, as the runner does."""
+    """Rank 0's logits for `prompt` with `world_size - 1` workers: the step sent by hand, as
+    the runner does."""
     spec = WorkerSpec(
         str(model_dir),
-        world=2,
+        world=world_size,
         master_addr="127.0.0.1",
         master_port=0,
         timeout_s=60.0,
@@ -59,7 +60,7 @@ def _shard_logits(
     world.start()
     try:
         loaded = load_shard(
-            model_dir, ShardSpec(0, 2), load_tokenizer=False, quantization=quantization
+            model_dir, ShardSpec(0, world_size), load_tokenizer=False, quantization=quantization
         )
         args = loaded.args
         kv = SequenceKV.empty(args.num_layers, args.num_kv_heads, args.head_dim, capacity=64)
@@ -72,7 +73,7 @@ def _shard_logits(
         ids = torch.tensor(prompt)
         slices = [SeqSlice(0, len(prompt), kv)]
         world.send_step(StepMessage.of(ids, slices, []))
-        assert loaded.model.tp_world == 2  # the verifier skips a shard (runtime.verify)
+        assert loaded.model.tp_world == world_size
         hidden = loaded.model(ids, slices)
         return loaded.model.compute_logits(hidden)  # type: ignore[operator]
     finally:
