@@ -71,6 +71,8 @@ OPTIONAL_METRIC_NAMES: tuple[str, ...] = (
     # the idle self-check (monitoring.self_check): absent until an engine has been idle
     "fastllm_kv_leaked_pages",
     "fastllm_allocator_orphan_blocks",
+    # tensor parallelism (monitoring.tp_metrics): registered only when tensor_parallel_size > 1
+    "fastllm_tp_worker_restarts_total",
 )
 
 # Label values pre-initialised so that a scrape shows them at zero before any traffic.

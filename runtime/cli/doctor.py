@@ -11,6 +11,7 @@ Examples:
   fastllm doctor --model demo-models/llama-tiny
   fastllm doctor --model models/gemma --database-url postgresql+psycopg://fastllm@db/fastllm
   fastllm doctor --metrics-url http://127.0.0.1:8000/metrics --no-model
+  fastllm doctor --model demo-models/llama-tiny --tensor-parallel-size 2
 """
 
 _STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow"}
@@ -30,6 +31,12 @@ _STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow"}
 @click.option("--database-url", default=None, help="default: settings.database_url")
 @click.option("--no-db", is_flag=True, help="Skip the database check.")
 @click.option("--metrics-url", default=None, help="Scrape this /metrics URL and parse it.")
+@click.option(
+    "--tensor-parallel-size",
+    type=click.IntRange(min=1, max=64),
+    default=None,
+    help="Check the model split over N ranks, as serve runs it (default: settings).",
+)
 @click.pass_context
 def command(
     ctx: click.Context,
@@ -40,6 +47,7 @@ def command(
     database_url: str | None,
     no_db: bool,
     metrics_url: str | None,
+    tensor_parallel_size: int | None,
 ) -> None:
     """Check torch/CUDA, every fast op against its reference, the model (load, GeGLU
     provenance, tokenizer, generation; every quantized linear against its dequantized
@@ -62,6 +70,7 @@ def command(
         metrics_url=metrics_url,
         compile=settings.compile,
         compile_cache_dir=settings.compile_cache_dir,
+        tensor_parallel_size=tensor_parallel_size or settings.tensor_parallel_size,
     )
     results = run_checks(options)
     table = Table(title="fastllm doctor", show_lines=False)

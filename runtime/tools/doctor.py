@@ -5,7 +5,8 @@
 
 Checks: torch / CUDA versions; an operator self-test of every fast op on the device; the model
 loads; a GeGLU checkpoint converted from a legacy file without --fix-geglu (its metadata says so);
-tokenizer round trip and input ranges; the model generates; database reachable and migrated; an
+tokenizer round trip and input ranges; the model generates (split over its ranks under tensor
+parallelism, against the reference path: doctor_tp.py); database reachable and migrated; an
 optional /metrics scrape parses. A check that cannot run because an earlier one failed is skipped.
 """
 
@@ -74,7 +75,11 @@ def run_checks(options: DoctorOptions) -> list[CheckResult]:
 
     device = resolve_device(options.device)
     results = [check_versions(device), *check_ops(device)]
-    if options.model_path is not None:
+    if options.model_path is not None and options.tensor_parallel_size > 1:
+        from runtime.tools.doctor_tp import check_sharded
+
+        results += check_sharded(options, device)
+    elif options.model_path is not None:
         results += check_model(options, device)
     if options.database_url is not None:
         results.append(_guarded("database", lambda: check_database(options.database_url or "")))

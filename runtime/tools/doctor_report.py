@@ -29,6 +29,8 @@ class DoctorOptions:
     metrics_url: str | None = None  # None: no scrape check
     compile: str = "auto"  # the fast-path check builds what `serve` would (settings.compile)
     compile_cache_dir: Path | None = None  # settings.compile_cache_dir
+    # > 1: the model is checked split over that many ranks, as `serve` runs it (doctor_tp.py)
+    tensor_parallel_size: int = 1
 
 
 def passed(name: str, detail: str) -> CheckResult:

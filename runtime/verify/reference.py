@@ -30,6 +30,7 @@ from torch import Tensor
 
 from runtime.models import ops
 from runtime.models.base import CausalLM
+from runtime.models.config import ModelArgs
 from runtime.models.layers import DecoderLayer, Linear, RMSNorm
 from runtime.models.lora.weights import LoraWeights
 from runtime.models.quant import QuantizedLinear
@@ -100,6 +101,39 @@ def _lora(
     return out
 
 
+def _capture(
+    index: int,
+    layer: DecoderLayer,
+    x: Tensor,
+    lengths: list[int],
+    positions: Tensor,
+    args: ModelArgs,
+    qkv: tuple[Tensor, Tensor, Tensor, Tensor, Tensor],
+    gate: Tensor,
+    up: Tensor,
+) -> OpInputs:
+    q, k, v, q_rot, k_rot = qkv
+    return OpInputs(
+        layer=index,
+        act=layer.mlp.act,
+        lengths=lengths,
+        norm_x=x,
+        norm_weight=layer.input_norm.weight,
+        norm_eps=layer.input_norm.eps,
+        norm_offset=layer.input_norm.offset,
+        positions=positions,
+        rope_theta=args.rope_theta,
+        head_dim=args.head_dim,
+        q=q,
+        k=k,
+        v=v,
+        q_rot=q_rot,
+        k_rot=k_rot,
+        gate=gate,
+        up=up,
+    )
+
+
 @torch.inference_mode()
 def reference_forward(
     model: CausalLM,
@@ -125,52 +159,46 @@ def reference_forward(
         x = x * args.hidden_size**0.5
     offset = model.norm_offset
     captured: OpInputs | None = None
+    gather = getattr(model, "tp_gather", None)  # a tensor-parallel shard: see below
     for i, module in enumerate(model.layers):
         layer = cast(DecoderLayer, module)
-        attn, mlp = layer.attn, layer.mlp
+        # Under tensor parallelism rank 0 holds a slice of each projection: the other ranks'
+        # slices of this layer are gathered (runtime.models.parallel.gather) and their partial
+        # products summed here, as the all_reduce does. Norms are replicated: rank 0's.
+        ranks = [layer] if gather is None else [layer, *gather.layers(i)]
         normed = _norm(x, layer.input_norm, offset)
-        qkv = _lora(_linear(normed, attn.qkv_proj), normed, spans, adapters, i, "qkv").split(
-            [args.q_size, args.kv_size, args.kv_size], -1
-        )
-        q = qkv[0].reshape(num_tokens, args.num_heads, args.head_dim)
-        k = qkv[1].reshape(num_tokens, args.num_kv_heads, args.head_dim)
-        v = qkv[2].reshape(num_tokens, args.num_kv_heads, args.head_dim)
-        q_rot, k_rot = ops.rotary_ref(q, k, positions, args.rope_theta, args.head_dim)
-        # per sequence: [Hq, n, D] x [Hkv, n, D] -> [Hq, n, D]; then back to [T, Hq * D]
-        qs, ks, vs = (t.transpose(0, 1).split(lengths, dim=1) for t in (q_rot, k_rot, v))
-        outs = [
-            ops.attention_ref(q_seq, k_seq, v_seq, causal_offset=0)
-            for q_seq, k_seq, v_seq in zip(qs, ks, vs, strict=True)
-        ]
-        out = torch.cat(outs, dim=1).transpose(0, 1).reshape(num_tokens, args.q_size)
-        h = x + _lora(_linear(out, attn.o_proj), out, spans, adapters, i, "o")
+        h = x.clone()
+        for part in ranks:
+            pa = part.attn.args  # the part's heads (a shard's, under tensor parallelism)
+            qkv = _lora(_linear(normed, part.attn.qkv_proj), normed, spans, adapters, i, "qkv")
+            q, k, v = qkv.split([pa.q_size, pa.kv_size, pa.kv_size], -1)
+            q = q.reshape(num_tokens, pa.num_heads, pa.head_dim)
+            k = k.reshape(num_tokens, pa.num_kv_heads, pa.head_dim)
+            v = v.reshape(num_tokens, pa.num_kv_heads, pa.head_dim)
+            q_rot, k_rot = ops.rotary_ref(q, k, positions, pa.rope_theta, pa.head_dim)
+            # per sequence: [Hq, n, D] x [Hkv, n, D] -> [Hq, n, D]; then back to [T, Hq * D]
+            qs, ks, vs = (t.transpose(0, 1).split(lengths, dim=1) for t in (q_rot, k_rot, v))
+            outs = [
+                ops.attention_ref(q_seq, k_seq, v_seq, causal_offset=0)
+                for q_seq, k_seq, v_seq in zip(qs, ks, vs, strict=True)
+            ]
+            out = torch.cat(outs, dim=1).transpose(0, 1).reshape(num_tokens, pa.q_size)
+            h += _lora(_linear(out, part.attn.o_proj), out, spans, adapters, i, "o")
+            if part is layer:  # rank 0's (the whole layer without tensor parallelism)
+                mine = (q, k, v, q_rot, k_rot)
         normed_h = _norm(h, layer.post_attn_norm, offset)
-        gate_up = _lora(
-            _linear(normed_h, mlp.gate_up_proj), normed_h, spans, adapters, i, "gate_up"
-        )
-        gate, up = gate_up.split([mlp.inter, mlp.inter], -1)
-        if i == capture_layer:
-            captured = OpInputs(
-                layer=i,
-                act=mlp.act,
-                lengths=lengths,
-                norm_x=x,
-                norm_weight=layer.input_norm.weight,
-                norm_eps=layer.input_norm.eps,
-                norm_offset=offset,
-                positions=positions,
-                rope_theta=args.rope_theta,
-                head_dim=args.head_dim,
-                q=q,
-                k=k,
-                v=v,
-                q_rot=q_rot,
-                k_rot=k_rot,
-                gate=gate,
-                up=up,
+        x_next = h.clone()
+        for part in ranks:
+            mlp = part.mlp
+            gate_up = _lora(
+                _linear(normed_h, mlp.gate_up_proj), normed_h, spans, adapters, i, "gate_up"
             )
-        act = getattr(ops, f"{mlp.act}_ref")(gate, up)
-        x = h + _lora(_linear(act, mlp.down_proj), act, spans, adapters, i, "down")
+            gate, up = gate_up.split([mlp.inter, mlp.inter], -1)
+            if i == capture_layer and part is layer:
+                captured = _capture(i, layer, x, lengths, positions, args, mine, gate, up)
+            act = getattr(ops, f"{mlp.act}_ref")(gate, up)
+            x_next += _lora(_linear(act, mlp.down_proj), act, spans, adapters, i, "down")
+        x = x_next
     last_rows = torch.tensor(list(itertools.accumulate(lengths)), device=device) - 1
     last = _norm(x[last_rows], model.norm, offset)  # [N, H]
     chosen = torch.tensor([token for _, token in seqs], device=device)

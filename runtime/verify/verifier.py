@@ -12,7 +12,9 @@ waited for). A worker thread then recomputes the request on the reference path (
 layer's inputs (`runtime.verify.probes`) and records every probe as a `VerificationResult` through
 the sink: the inference_log writer stores them (the logit probe on the request's own row), the
 Prometheus sink counts those beyond the per-dtype threshold. A failure here is logged and counted;
-it can never reach the request, which has already been answered.
+it can never reach the request, which has already been answered. Under tensor parallelism the
+job's model is rank 0's shard: the reference gathers the other ranks' layers itself
+(runtime.models.parallel.gather).
 """
 
 from __future__ import annotations
@@ -188,8 +190,6 @@ class Verifier:
         queued. Never raises: a bug here must not reach the engine loop."""
         try:
             if not seq.is_verified or seq.chosen_logit is None or not seq.output_token_ids:
-                return False
-            if getattr(model, "tp_world", 1) > 1:  # a shard: its reference would be partial
                 return False
             if seq.stats.finished_reason not in _VERIFIED_REASONS:
                 return False

@@ -22,7 +22,7 @@ def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
 def test_promtool_check_rules() -> None:
     result = _promtool("check", "rules", str(DEFAULT_RULES_PATH))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 12 rules found" in result.stdout
+    assert "SUCCESS: 13 rules found" in result.stdout
 
 
 def test_promtool_test_rules() -> None:

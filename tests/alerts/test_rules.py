@@ -28,6 +28,7 @@ EXPECTED = {
     "FastllmInferenceLogBacklog",
     "FastllmRuntimeDown",
     "FastllmNotServing",  # issue 39: up, requests waiting, nothing generated
+    "FastllmTPWorkerRestarts",  # issue 42: a tensor-parallel worker died and was restarted
 }
 
 

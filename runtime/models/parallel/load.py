@@ -16,50 +16,24 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from torch import Tensor
 
 from runtime.errors import ConfigError
 from runtime.models import quant_checkpoint
 from runtime.models.base import CausalLM
-from runtime.models.checkpoint import TensorSource, open_checkpoint
-from runtime.models.config import ModelArgs
 from runtime.models.gguf_io.reader import is_gguf
 from runtime.models.layers import DecoderLayer
 from runtime.models.loader import (
     MODEL_CLASSES,
     LoadedModel,
-    read_args,
     read_state,
     resolve_device,
     resolve_dtype,
 )
 from runtime.models.parallel.comm import make_row_parallel
-from runtime.models.parallel.shard import ShardSpec, check_tp, shard_args, slice_of, sliced_shape
+from runtime.models.parallel.gather import ShardGather
+from runtime.models.parallel.shard import ShardSpec, check_tp, shard_args
+from runtime.models.parallel.source import ShardedSource, open_source
 from runtime.models.quantize import quantize_head, quantize_model
-
-
-class ShardedSource(TensorSource):
-    """A checkpoint seen through one rank's slices: names as stored, shapes and data sliced."""
-
-    def __init__(self, source: TensorSource, args: ModelArgs, spec: ShardSpec) -> None:
-        super().__init__({}, is_legacy=source.is_legacy, metadata=source.metadata)
-        self.source, self.args, self.spec = source, args, spec
-
-    def names(self) -> list[str]:
-        return self.source.names()
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        full = self.source.shape(name)
-        return sliced_shape(full, slice_of(self.args, name, full, self.spec))
-
-    def get(self, name: str) -> Tensor:
-        full = self.source.shape(name)
-        piece = slice_of(self.args, name, full, self.spec)
-        if piece is None:
-            return self.source.get(name)
-        if piece.zero:
-            return torch.zeros(full)
-        return self.source.get_narrow(name, piece.dim, piece.start, piece.length)
 
 
 def load_shard(
@@ -78,23 +52,13 @@ def load_shard(
     intermediate size), so the engine sizes this rank's KV pool for its heads alone."""
     path = Path(path)
     torch_dtype, torch_device = resolve_dtype(dtype), resolve_device(device)
-    if is_gguf(path):
-        from runtime.models.gguf_io.args import model_args
-        from runtime.models.gguf_io.reader import open_gguf
-        from runtime.models.gguf_io.source import GGUFSource
-
-        file = open_gguf(path)
-        full_args = model_args(file)
-        source: TensorSource = GGUFSource(file, full_args)
-    else:
-        full_args = read_args(path)
-        source = open_checkpoint(path, legacy_support=legacy_support)
-        if source.metadata.get(quant_checkpoint.META_METHOD):
-            raise ConfigError(
-                f"{path} holds pre-quantized weights, which tensor parallelism cannot split yet; "
-                "serve the float checkpoint with --quantization instead",
-                param="tensor_parallel_size",
-            )
+    full_args, source, file = open_source(path, legacy_support)
+    if source.metadata.get(quant_checkpoint.META_METHOD):
+        raise ConfigError(
+            f"{path} holds pre-quantized weights, which tensor parallelism cannot split yet; "
+            "serve the float checkpoint with --quantization instead",
+            param="tensor_parallel_size",
+        )
     check_tp(full_args, spec.world)
     args = shard_args(full_args, spec.world)
     state = read_state(args, ShardedSource(source, full_args, spec), torch_dtype, torch_device)
@@ -108,8 +72,21 @@ def load_shard(
         if quantize_lm_head:
             quantize_head(model, summary)
     assert isinstance(model, CausalLM)
-    # what a reference path (runtime.verify) checks: a shard's own forward is not the model's
-    vars(model)["tp_world"] = spec.world  # a plain attribute (nn.Module types its setattr)
+    # plain attributes (nn.Module types its setattr): a shard's own forward is not the model's,
+    # so rank 0's reference path (runtime.verify) gathers the other ranks' layers
+    vars(model)["tp_world"] = spec.world
+    if spec.is_sharded and spec.rank == 0:
+        vars(model)["tp_gather"] = ShardGather(
+            path,
+            spec.world,
+            dtype=torch_dtype,
+            device=torch_device,
+            legacy_support=legacy_support,
+            quantization=quantization,
+            quant_group_size=quant_group_size,
+            norm_offset=model.norm_offset,
+            act=model.mlp_act,
+        )
     if spec.is_sharded:
         for layer in model.layers:
             assert isinstance(layer, DecoderLayer)
@@ -120,7 +97,7 @@ def load_shard(
         if is_gguf(path):
             from runtime.models.gguf_io.tokenizer import load_gguf_tokenizer
 
-            tokenizer = load_gguf_tokenizer(file)
+            tokenizer = load_gguf_tokenizer(file)  # type: ignore[arg-type]
         else:
             from runtime.models.tokenizer import Tokenizer
 

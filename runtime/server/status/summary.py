@@ -32,6 +32,21 @@ class ServedVersion:
     # LoRA adapters (runtime.engine.lora): registered names and those resident; None: none
     lora_registered: list[str] | None = None
     lora_resident: list[str] | None = None
+    # tensor parallelism: each rank's memory; None: one process
+    tp_ranks: list[RankMemory] | None = None
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """One tensor-parallel rank of a split model (runtime.engine.tp.world.RankMemory, less its
+    pid): resident memory of its process (None: a worker started elsewhere), its KV pool and
+    weights."""
+
+    rank: int
+    alive: bool
+    rss_bytes: int | None
+    kv_pool_bytes: int
+    weight_bytes: int
 
 
 @dataclass(frozen=True)
@@ -82,6 +97,7 @@ def served_versions(state: ServerState) -> list[ServedVersion]:
             policy = engine.batch_policy if engine.is_loaded else None
             check = getattr(engine, "self_check_result", lambda: None)()
             lora = getattr(engine, "lora_stats", lambda: None)() if engine.is_loaded else None
+            ranks = getattr(engine, "tp_memory", lambda: None)() if engine.is_loaded else None
             out.append(
                 ServedVersion(
                     model=route.model,
@@ -95,9 +111,16 @@ def served_versions(state: ServerState) -> list[ServedVersion]:
                     allocator_orphan_blocks=check.orphan_blocks if check else None,
                     lora_registered=lora.registered if lora and lora.registered else None,
                     lora_resident=sorted(lora.resident_bytes) if lora and lora.registered else None,
+                    tp_ranks=[_rank(r) for r in ranks] if ranks else None,
                 )
             )
     return out
+
+
+def _rank(row: dict[str, Any]) -> RankMemory:
+    return RankMemory(
+        row["rank"], row["alive"], row["rss_bytes"], row["kv_pool_bytes"], row["weight_bytes"]
+    )
 
 
 def _owners(blocks: list[Any]) -> list[Owner]:

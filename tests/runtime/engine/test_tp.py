@@ -2,7 +2,8 @@
 
 Rank 0's logits from the sharded model against `transformers` (a reference nobody here wrote)
 and against the one-process model; the engine's greedy tokens under TP=2 against TP=1 (with
-n > 1, whose fork copies a page on every rank, and a prefix-cache hit); a killed worker: its
+n > 1, whose fork copies a page on every rank, and a prefix-cache hit); sampled verification
+on the split model (the reference gathers the other ranks' layers); a killed worker: its
 in-flight request fails with 503, the workers restart once, the next request succeeds, no page
 is left held; sizes that do not divide the model: one line."""
 
@@ -29,7 +30,14 @@ from runtime.models.batch_plan import SeqSlice
 from runtime.models.loader import load_model, read_args
 from runtime.models.parallel.load import load_shard
 from runtime.models.parallel.shard import ShardSpec, check_tp
-from tests.runtime.engine.support import engine_config, greedy, one_torch_thread, request
+from runtime.verify.verifier import Verifier
+from tests.runtime.engine.support import (
+    RecordingSink,
+    engine_config,
+    greedy,
+    one_torch_thread,
+    request,
+)
 
 __all__ = ["one_torch_thread"]  # the fixture, imported for use here
 
@@ -43,12 +51,13 @@ def _one_thread(one_torch_thread: None) -> None:
 
 
 def _shard_logits(
-    model_dir: Path, prompt: list[int], quantization: str | None = None
+    model_dir: Path, prompt: list[int], quantization: str | None = None, world_size: int = 2
 ) -> torch.Tensor:
-    """Rank 0's logits for `prompt` with one worker: the step sent by hand, as the runner does."""
+    """Rank 0's logits for `prompt` with `world_size - 1` workers: the step sent by hand, as
+    the runner does."""
     spec = WorkerSpec(
         str(model_dir),
-        world=2,
+        world=world_size,
         master_addr="127.0.0.1",
         master_port=0,
         timeout_s=60.0,
@@ -59,7 +68,7 @@ def _shard_logits(
     world.start()
     try:
         loaded = load_shard(
-            model_dir, ShardSpec(0, 2), load_tokenizer=False, quantization=quantization
+            model_dir, ShardSpec(0, world_size), load_tokenizer=False, quantization=quantization
         )
         args = loaded.args
         kv = SequenceKV.empty(args.num_layers, args.num_kv_heads, args.head_dim, capacity=64)
@@ -72,7 +81,7 @@ def _shard_logits(
         ids = torch.tensor(prompt)
         slices = [SeqSlice(0, len(prompt), kv)]
         world.send_step(StepMessage.of(ids, slices, []))
-        assert loaded.model.tp_world == 2  # the verifier skips a shard (runtime.verify)
+        assert loaded.model.tp_world == world_size
         hidden = loaded.model(ids, slices)
         return loaded.model.compute_logits(hidden)  # type: ignore[operator]
     finally:
@@ -199,6 +208,37 @@ def test_engine_n_choices_match_one_process(engines: tuple[Engine, Engine]) -> N
     # n = 2 forks after the prefill: the partial last page is copied on every rank
     expected = _tokens(one, PROMPTS[:2], n=2)
     assert _tokens(two, PROMPTS[:2], n=2) == expected
+
+
+class _VerifyNamed(Verifier):
+    """Verifies the requests whose id says so (the fixture's engines serve the other tests)."""
+
+    def should_verify(self, request_id: str) -> bool:
+        return request_id.startswith("verify-")
+
+
+def test_verification_under_tp_gathers_the_other_ranks(engines: tuple[Engine, Engine]) -> None:
+    """A sampled request on the split model is recomputed on the reference path, which gathers
+    rank 1's layers (runtime.models.parallel.gather): its logit probe agrees with production
+    within the fp32 tolerance, and the per-op probes run on rank 0's slices."""
+    _, two = engines
+    sink = RecordingSink()
+    verifier = _VerifyNamed(sink, sample_rate=0.0, num_threads=1)
+    two.verifier = verifier
+    try:
+        handles = [two.submit(request(f"verify-{i}", p, greedy(8))) for i, p in enumerate(PROMPTS)]
+        for handle in handles:
+            handle.result(timeout=300)
+        assert verifier.flush(timeout=120)
+    finally:
+        two.verifier = None
+        verifier.close()
+    assert verifier.num_verified == len(PROMPTS) and verifier.num_failed == 0
+    by_op = sink.by_op()
+    assert len(by_op["logit"]) == len(PROMPTS)
+    for result in by_op["logit"]:
+        assert result.tolerance is not None and result.abs_error <= result.tolerance, result
+    assert {"rms_norm", "rotary", "attention", "swiglu"} <= set(by_op)
 
 
 def test_killed_worker_fails_in_flight_then_restarts(engines: tuple[Engine, Engine]) -> None:

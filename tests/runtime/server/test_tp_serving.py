@@ -1,13 +1,14 @@
 """A tensor-parallel (TP=2, gloo, two CPU processes) tiny llama through the server and the
 official `openai` client: greedy completions (32 tokens, with logprobs asked) equal the
-one-process engine's text, `/admin/memory` lists both ranks, and /metrics carries the TP
-series."""
+one-process engine's text, `/admin/memory` and the status page's summary list both ranks, and
+/metrics carries the TP series."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -15,6 +16,7 @@ import openai
 from runtime.engine.offline import generate
 from runtime.engine.sampling import SamplingParams
 from runtime.models.loader import load_model
+from tests.fixtures.browser import console_errors
 from tests.runtime.server.live import (
     ADMIN_TOKEN,
     API_KEY,
@@ -23,11 +25,14 @@ from tests.runtime.server.live import (
     live_server,
     router_of,
 )
+from tests.runtime.server.test_status_browser import wait_for
 
 PROMPTS = [[5, 17, 42, 99, 7], list(range(40, 75))]
 
 
-def test_tp2_server_matches_one_process(demo_model_dir: Callable[[str], Path]) -> None:
+def test_tp2_server_matches_one_process(
+    demo_model_dir: Callable[[str], Path], browser: Callable[[int, int], Any]
+) -> None:
     path = demo_model_dir("llama")
     make_router = router_of(
         llama=partial(
@@ -44,7 +49,21 @@ def test_tp2_server_matches_one_process(demo_model_dir: Callable[[str], Path]) -
             for p in PROMPTS
         ]
         memory = httpx.get(f"{server.url}/admin/memory", headers=headers).json()
+        summary = httpx.get(f"{server.url}/status/api/summary", headers=headers).json()
         metrics = httpx.get(f"{server.url}/metrics").text
+        driver = browser(1280, 800)  # the status page draws a row per rank
+        driver.get(f"{server.url}/")
+        console_errors(driver)  # read (and dropped): the 401s before the key is entered
+        driver.find_element("id", "token").send_keys(API_KEY)  # a user's key: no admin needed
+        driver.find_element("id", "token-use").click()
+        shown = wait_for(
+            lambda: driver.execute_script(
+                "return [...document.querySelectorAll('#memory tr[data-rank]')].map("
+                "e => e.dataset.rank)"
+            ),
+            "the tensor-parallel ranks' rows",
+        )
+        assert shown == ["0", "1"] and console_errors(driver) == []
     offline = load_model(path, device="cpu")
     params = SamplingParams(max_tokens=32, temperature=0.0, logprobs=1)
     expected = generate(offline, PROMPTS, params)
@@ -58,5 +77,8 @@ def test_tp2_server_matches_one_process(demo_model_dir: Callable[[str], Path]) -
         assert len(choice.logprobs.token_logprobs) == 32
     assert [r["rank"] for r in memory["tp_ranks"]] == [0, 1]
     assert all(r["alive"] and r["kv_pool_bytes"] > 0 for r in memory["tp_ranks"])
+    (version,) = summary["server"]["versions"]  # the status page's per-rank memory
+    assert [r["rank"] for r in version["tp_ranks"]] == [0, 1]
+    assert all(r["alive"] and r["rss_bytes"] > 0 for r in version["tp_ranks"])
     assert 'fastllm_tp_worker_restarts_total{model="llama",version="stable"} 0.0' in metrics
     assert 'fastllm_tp_rank_memory_bytes{model="llama",rank="1",type="rss"' in metrics

@@ -141,6 +141,18 @@ function renderMemory(box, server, isAdmin) {
       tr.dataset.owner = o.owner;
     }
   }
+  for (const v of server.versions) {
+    // a model split over tensor-parallel ranks: each rank's process, KV pool and weights
+    if (!v.tp_ranks) continue;
+    make("p", "", box, `${v.model} / ${v.version}: ${v.tp_ranks.length} tensor-parallel ranks`);
+    const body = table(box, ["rank", "process", "resident", "KV pool", "weights"]);
+    for (const r of v.tp_ranks) {
+      const rss = r.rss_bytes === null ? "—" : formatValue(r.rss_bytes, "bytes");
+      const tr = row(body, [r.rank, r.alive ? "alive" : "dead", rss, formatValue(r.kv_pool_bytes, "bytes"), formatValue(r.weight_bytes, "bytes")]);
+      tr.dataset.rank = String(r.rank);
+      if (!r.alive) tr.className = "bad";
+    }
+  }
   if (!server.memory.length) make("p", "muted", box, "The model is not loaded yet.");
   if (!isAdmin) make("p", "muted", box, "Totals only: who holds memory (request ids) needs the admin token.");
 }
