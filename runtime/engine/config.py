@@ -10,7 +10,7 @@ from runtime.engine.batching.controller import BatchPolicyConfig
 from runtime.engine.constraints.limits import GrammarLimits
 from runtime.engine.fair_share import ShareConfig
 from runtime.engine.lora.registry import LoraLimits
-from runtime.engine.scheduler import SchedulerConfig
+from runtime.engine.scheduled import SchedulerConfig
 from runtime.engine.spec.config import SpecConfig
 from runtime.errors import ConfigError
 from runtime.memory.host_heap import MMAP_THRESHOLD_MAX

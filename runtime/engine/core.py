@@ -28,7 +28,8 @@ from runtime.engine.config import EngineConfig
 from runtime.engine.model_runner import ModelRunner, StepOutput
 from runtime.engine.recorder import StatsRecorder
 from runtime.engine.request import RequestHandle, TokenOutput
-from runtime.engine.scheduler import Scheduler, SchedulerOutput
+from runtime.engine.scheduled import SchedulerOutput
+from runtime.engine.scheduler import Scheduler
 from runtime.engine.sequence import Sequence
 from runtime.engine.stats import (
     AllocatorStats,

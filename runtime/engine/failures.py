@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from runtime.engine.scheduler import SchedulerOutput
+from runtime.engine.scheduled import SchedulerOutput
 from runtime.engine.stats import FailureReason
 from runtime.errors import EngineInternalError, ServiceUnavailable
 

@@ -22,7 +22,7 @@ import torch
 from runtime.engine.request import TokenLogprob
 from runtime.engine.sampling.batch import SamplingBatch
 from runtime.engine.sampling.sampler import Sampler, SamplerOutput
-from runtime.engine.scheduler import ScheduledSeq, SchedulerOutput
+from runtime.engine.scheduled import ScheduledSeq, SchedulerOutput
 from runtime.models.base import CausalLM, SeqSlice
 from runtime.models.fast.build import FastPath
 from runtime.models.loader import LoadedModel

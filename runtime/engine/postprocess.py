@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from runtime.engine.model_runner import StepOutput
 from runtime.engine.request import TokenLogprob, TokenOutput
-from runtime.engine.scheduler import SchedulerOutput
+from runtime.engine.scheduled import SchedulerOutput
 from runtime.engine.sequence import Sequence
 from runtime.engine.stats import FinishReason, RequestEvent
 from runtime.errors import FastllmError

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from runtime.engine.lora.registry import ResidentAdapter
-from runtime.engine.scheduler import ScheduledSeq
+from runtime.engine.scheduled import ScheduledSeq
 from runtime.models.batch_plan import SeqSlice
 from runtime.models.lora import LoraGroup
 

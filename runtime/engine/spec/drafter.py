@@ -29,7 +29,7 @@ from runtime.models.base import CausalLM, SeqSlice
 from runtime.models.quantize import PROJECTIONS, quantize_head, quantize_model
 
 if TYPE_CHECKING:
-    from runtime.engine.scheduler import ScheduledSeq
+    from runtime.engine.scheduled import ScheduledSeq
     from runtime.engine.sequence import Sequence
     from runtime.engine.spec.config import SpecConfig
     from runtime.models.loader import LoadedModel

@@ -23,7 +23,7 @@ from runtime.engine.spec.ngram import propose_ngram
 from runtime.engine.spec.state import SpecState
 
 if TYPE_CHECKING:
-    from runtime.engine.scheduler import ScheduledSeq, SchedulerOutput
+    from runtime.engine.scheduled import ScheduledSeq, SchedulerOutput
     from runtime.engine.sequence import Sequence
     from runtime.memory.kv_cache import SequenceKV, TokenSlice
 

@@ -20,7 +20,7 @@ from runtime.engine.sampling.sampler import Sampler, SamplerOutput
 from runtime.engine.spec.verify import SpecResult, verify_row
 
 if TYPE_CHECKING:
-    from runtime.engine.scheduler import ScheduledSeq, SchedulerOutput
+    from runtime.engine.scheduled import ScheduledSeq, SchedulerOutput
     from runtime.engine.spec.drafter import SelfDrafter
     from runtime.models.base import CausalLM, SeqSlice
 

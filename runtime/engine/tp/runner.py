@@ -19,7 +19,7 @@ import torch
 
 from runtime.engine.failures import WorkersLost
 from runtime.engine.model_runner import ModelRunner, StepOutput
-from runtime.engine.scheduler import SchedulerOutput
+from runtime.engine.scheduled import SchedulerOutput
 from runtime.engine.tp.messages import PoolSpec, StepMessage
 from runtime.engine.tp.world import TPWorld
 from runtime.memory.kv_cache import KVCache, SequenceKV

@@ -8,7 +8,8 @@ import time
 from runtime.engine.fair_share import ShareConfig
 from runtime.engine.request import GenerationRequest, RequestHandle
 from runtime.engine.sampling import SamplingParams
-from runtime.engine.scheduler import Scheduler, SchedulerConfig
+from runtime.engine.scheduled import SchedulerConfig
+from runtime.engine.scheduler import Scheduler
 from runtime.engine.sequence import Sequence
 from runtime.engine.stats import RequestStats
 from tests.runtime.engine.test_scheduler import make_kv, run_step

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from runtime.engine.config import EngineConfig
-from runtime.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from runtime.engine.scheduled import SchedulerConfig, SchedulerOutput
+from runtime.engine.scheduler import Scheduler
 from runtime.engine.spec.config import SpecConfig
 from runtime.errors import ConfigError
 from tests.runtime.engine.test_fair_share import seq

@@ -8,7 +8,8 @@ from __future__ import annotations
 import time
 
 from runtime.engine.priority import PriorityPolicy
-from runtime.engine.scheduler import Scheduler, SchedulerConfig
+from runtime.engine.scheduled import SchedulerConfig
+from runtime.engine.scheduler import Scheduler
 from runtime.engine.sequence import Sequence, SequenceStatus
 from tests.runtime.engine.test_scheduler import make_kv, make_seq, run_step, used_pages
 

@@ -10,7 +10,8 @@ import torch
 
 from runtime.engine.request import GenerationRequest, RequestHandle
 from runtime.engine.sampling import SamplingParams
-from runtime.engine.scheduler import Scheduler, SchedulerConfig
+from runtime.engine.scheduled import SchedulerConfig
+from runtime.engine.scheduler import Scheduler
 from runtime.engine.sequence import Sequence, SequenceStatus
 from runtime.engine.stats import RequestStats
 from runtime.memory import Allocator
