@@ -12,8 +12,8 @@ import torch
 
 from runtime.memory.kv_cache import SequenceKV
 from runtime.models import CausalLM, SeqSlice, load_model, ops
+from runtime.models.base import RopeTable
 from runtime.models.fast.graphs import batch_buckets
-from runtime.models.rope_table import RopeTable
 from tests.runtime.models.builders import hf_model
 from tests.runtime.models.paged import Pages
 from tests.runtime.models.test_parity import BUILDERS, TOL, prompts
