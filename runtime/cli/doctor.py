@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from runtime.cli.params import Bounded
+
 EPILOG = """\b
 Examples:
   fastllm doctor --model demo-models/llama-tiny
@@ -33,7 +35,7 @@ _STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow"}
 @click.option("--metrics-url", default=None, help="Scrape this /metrics URL and parse it.")
 @click.option(
     "--tensor-parallel-size",
-    type=click.IntRange(min=1, max=64),
+    type=Bounded(1, 64),
     default=None,
     help="Check the model split over N ranks, as serve runs it (default: settings).",
 )

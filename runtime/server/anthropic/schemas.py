@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
-from runtime.server.openai.schemas import PRIORITY, NonNegativeInt, PositiveInt
+from runtime.server.openai.schemas import PRIORITY, NonNegativeInt, PositiveInt, Priority
 from runtime.server.openai.unsupported import UNSUPPORTED
 
 MAX_MESSAGES = 100_000  # Anthropic's own bound
@@ -168,7 +168,7 @@ class MessagesRequest(CountTokensRequest):
     top_k: NonNegativeInt | None = None
     stream: bool = False
     metadata: Metadata | None = None
-    priority: int | None = Field(None, ge=-(1 << 31), le=(1 << 31) - 1, description=PRIORITY)
+    priority: Priority | None = Field(None, description=PRIORITY)
 
     @property
     def user(self) -> str | None:

@@ -69,6 +69,7 @@ NonNegativeInt = Annotated[int, Field(ge=0), BeforeValidator(_integral)]
 TopLogprobs = Annotated[int, Field(ge=0, le=MAX_LOGPROBS), BeforeValidator(_integral)]
 Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX), BeforeValidator(_integral)]
 TokenId = Annotated[int, Field(ge=0, le=2**31 - 1), BeforeValidator(_integral)]
+Priority = Annotated[int, Field(ge=-(2**31), le=2**31 - 1), BeforeValidator(_integral)]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 # logit_bias: token ids as JSON object keys; the schema states that no other key is allowed
@@ -130,7 +131,7 @@ class _Sampling(_Request, StructuredFields):
         max_length=256,
         description="extension (as vLLM): only requests with the same salt share cached prefixes",
     )
-    priority: int | None = Field(None, ge=-(1 << 31), le=(1 << 31) - 1, description=PRIORITY)
+    priority: Priority | None = Field(None, description=PRIORITY)
     speculative: bool = Field(
         True,
         description="extension: false opts this request out of speculative decoding "

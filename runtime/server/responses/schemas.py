@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from runtime.server.openai.schemas import PRIORITY, PositiveInt, TopLogprobs
+from runtime.server.openai.schemas import PRIORITY, PositiveInt, Priority, TopLogprobs
 
 MAX_ITEMS = 4096  # input items of one request (a long agent session is mostly tool calls)
 MAX_TOOLS = 128  # as chat's `tools`, after namespaces are flattened
@@ -83,7 +83,7 @@ class ResponsesRequest(_Strict):
     truncation: Literal["auto", "disabled"] | None = None
     max_tool_calls: PositiveInt | None = None
     user: str | None = Field(None, max_length=256)
-    priority: int | None = Field(None, ge=-(1 << 31), le=(1 << 31) - 1, description=PRIORITY)
+    priority: Priority | None = Field(None, description=PRIORITY)
 
     @property
     def wants_logprobs(self) -> bool:
