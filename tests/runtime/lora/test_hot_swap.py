@@ -6,6 +6,7 @@ the allocator is back to its baseline once the hot adapter is gone."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -75,5 +76,10 @@ def test_streams_survive_hot_load_unload(served: LiveServer, adapter_dirs: dict[
     result = run_swap_load(served.url, plan, prompts, expected, sources, AUTH, ADMIN)
     assert result.clean, result.problems
     assert result.cycles == 10 and result.stream_requests >= 8 * 4
+    # the last `hot` reply can reach the client before the engine thread has closed its
+    # sequence (which lets go of the weights): the bytes come back then, not a leak (a CI flake)
+    deadline = time.monotonic() + 30
+    while engine.allocator_stats().bytes_in_use != baseline and time.monotonic() < deadline:
+        time.sleep(0.05)
     live = [(b.owner, b.reserved_bytes, b.tier) for b in engine.leak_report()]
     assert engine.allocator_stats().bytes_in_use == baseline, live
