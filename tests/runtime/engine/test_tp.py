@@ -110,32 +110,6 @@ def test_sharded_logits_match_transformers_and_one_process(
     torch.testing.assert_close(tp2, tp1, atol=1e-4, rtol=0)
 
 
-def _one_process_logits(
-    model_dir: Path, prompt: list[int], quantization: str | None
-) -> torch.Tensor:
-    loaded = load_model(model_dir, device="cpu", load_tokenizer=False, quantization=quantization)
-    args = loaded.args
-    kv = SequenceKV.empty(args.num_layers, args.num_kv_heads, args.head_dim, capacity=64)
-    ids = torch.tensor(prompt)
-    return loaded.model.compute_logits(loaded.model(ids, [SeqSlice(0, len(prompt), kv)]))
-
-
-@pytest.mark.parametrize("method", ["int8", "int4"])
-def test_quantized_shards_stay_within_the_one_process_error(
-    method: str, demo_model_dir: Callable[[str], Path]
-) -> None:
-    """Each rank quantizes its own slices: a row-parallel slice gets scales over its half of the
-    input features, so TP=2's weights differ from TP=1's; its error against fp32 must stay that
-    of the one-process quantized model (measured: int8 4.9e-3 vs 4.8e-3, int4 6.6e-2 vs 6.7e-2,
-    logits up to 0.6)."""
-    model_dir = demo_model_dir("llama")
-    prompt = PROMPTS[2]
-    exact = _one_process_logits(model_dir, prompt, None)
-    one = (_one_process_logits(model_dir, prompt, method) - exact).abs().max().item()
-    two = (_shard_logits(model_dir, prompt, method) - exact).abs().max().item()
-    assert 0 < two <= 1.5 * one + 1e-3, (two, one)
-
-
 def test_sizes_that_do_not_divide_are_one_line(demo_model_dir: Callable[[str], Path]) -> None:
     args = read_args(demo_model_dir("llama"))  # 4 heads, 2 KV heads, intermediate 176
     with pytest.raises(ConfigError) as info:

@@ -1,7 +1,9 @@
 """A tensor-parallel (TP=2, gloo, two CPU processes) tiny llama through the server and the
 official `openai` client: greedy completions (32 tokens, with logprobs asked) equal the
 one-process engine's text, `/admin/memory` and the status page's summary list both ranks, and
-/metrics carries the TP series."""
+/metrics carries the TP series. The tiny Gemma (its scaled embedding, GeGLU and tied head split
+the same way) the same way, compared token id by token id.
+(SmolLM2 through the server at TP=3: tests/runtime/engine/test_tp_real.py.)"""
 
 from __future__ import annotations
 
@@ -86,3 +88,35 @@ def test_tp2_server_matches_one_process(
     assert all(r["alive"] and r["rss_bytes"] > 0 for r in version["tp_ranks"])
     assert 'fastllm_tp_worker_restarts_total{model="llama",version="stable"} 0.0' in metrics
     assert 'fastllm_tp_rank_memory_bytes{model="llama",rank="1",type="rss"' in metrics
+
+
+def test_tp2_gemma_server_matches_one_process(demo_model_dir: Callable[[str], Path]) -> None:
+    path = demo_model_dir("gemma")
+    make_router = router_of(
+        gemma=partial(
+            engine_for, path, name="gemma", tensor_parallel_size=2, kv_cache_bytes=4 << 20
+        )
+    )
+    with live_server(light_settings(tensor_parallel_size=2), make_router) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0)
+        replies = [
+            client.completions.create(
+                model="gemma",
+                prompt=p,
+                max_tokens=32,
+                temperature=0,
+                logprobs=1,
+                extra_body={"return_tokens_as_token_ids": True, "ignore_eos": True},
+            )
+            for p in PROMPTS
+        ]
+    expected = generate(
+        load_model(path, device="cpu"),
+        PROMPTS,
+        SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True),
+    )
+    for reply, want in zip(replies, expected, strict=True):
+        logprobs = reply.choices[0].logprobs
+        assert logprobs is not None and logprobs.tokens is not None
+        assert [int(t.removeprefix("token_id:")) for t in logprobs.tokens] == want.token_ids
+        assert len(want.token_ids) == 32
