@@ -41,18 +41,17 @@ class _KV(Protocol):
 
 def spec_eligible(seq: Sequence) -> bool:
     """Decided once per sequence: may it speculate at all? Its request did not opt out, and it
-    uses no feature the verification does not reproduce yet (logits processors, constraints,
-    verification sampling). A seed, n > 1 and logprobs are fine: the emitted tokens' logprobs
-    are taken from the target's logits at their positions (verify.emitted_logprobs), and the
-    prompt's are sent with the first token, before the row ever drafts."""
+    uses no feature the verification does not reproduce yet (logits processors, verification
+    sampling). A seed, n > 1, logprobs and constraints are fine: the emitted tokens' logprobs
+    are the target's logits' at their positions (verify.emitted_logprobs), the prompt's are
+    sent with the first token, before the row ever drafts, and a constrained row's drafts are
+    judged under its grammar (constrained.py)."""
     if not getattr(seq.request, "speculative", True):
         return False
     f = seq.features
     if f is None:
         return True
-    return (
-        f.constraint is None and f.verify is None and not seq.request.sampling.uses_logits_controls
-    )
+    return f.verify is None and not seq.request.sampling.uses_logits_controls
 
 
 class Speculator:

@@ -3,8 +3,9 @@
 One forward over every row's chunk, as any step: prefill chunks, one-token decodes and the
 drafting rows' 1 + k tokens side by side. The rows without drafts are sampled as in any step
 (their `SamplingBatch`, the `Sampler`); each drafting row's k + 1 positions are turned into logits
-and verified (verify.py), with the emitted tokens' logprobs where the row asks (the target's, as
-the sampler computes them). The drafts of `self_draft` rows are written in first (the drafter).
+and verified (verify.py; a constrained row under its grammar, constrained.py), with the emitted
+tokens' logprobs where the row asks (the target's, as the sampler computes them). The drafts of
+`self_draft` rows are written in first (the drafter).
 The runner is read through a protocol and the result handed back as a `DraftedStep` the runner
 turns into its `StepOutput`, so this module does not import the runner (no import cycle).
 """
@@ -18,6 +19,7 @@ import torch
 
 from runtime.engine.sampling.batch import SamplingBatch
 from runtime.engine.sampling.sampler import Sampler, SamplerOutput
+from runtime.engine.spec.constrained import verify_constrained
 from runtime.engine.spec.verify import SpecResult, emitted_logprobs, verify_row
 
 if TYPE_CHECKING:
@@ -89,7 +91,14 @@ def execute_with_drafts(runner: _Runner, batch: SchedulerOutput) -> DraftedStep:
         span = len(drafts) + 1
         params = seq.request.sampling
         rows = logits[offset : offset + span]
-        result = verify_row(rows, drafts, params, seq.generator, argmax[offset : offset + span])
+        constraint = seq.constraint
+        if constraint is None:
+            result = verify_row(rows, drafts, params, seq.generator, argmax[offset : offset + span])
+        else:  # structured output: each draft judged under the grammar (constrained.py)
+            num_outputs = len(seq.output_token_ids)
+            result = verify_constrained(
+                rows, drafts, params, seq.generator, constraint, num_outputs
+            )
         if params.wants_logprobs:  # the one check a drafting row without logprobs pays
             result.logprobs = emitted_logprobs(rows, result.token_ids, params.logprobs or 0)
         step.spec[i] = result
