@@ -45,11 +45,13 @@ def update_from_output(core: CoreView, batch: SchedulerOutput, output: StepOutpu
 def _push_verified(
     core: CoreView, batch: SchedulerOutput, seq: Sequence, result: SpecResult
 ) -> None:
-    """A drafting row's emitted tokens, one by one through the stop check (a stop among them
-    ends it there), then the scheduler's KV bookkeeping for the accepted drafts."""
+    """A drafting row's emitted tokens (with the target's logprobs, when asked), one by one
+    through the stop check (a stop among them ends it there), then the scheduler's KV
+    bookkeeping for the accepted drafts."""
     num_pushed = 0
-    for token_id in result.token_ids:
-        push_token(core, seq, token_id, None)
+    entries = result.logprobs
+    for j, token_id in enumerate(result.token_ids):
+        push_token(core, seq, token_id, None if entries is None else entries[j])
         num_pushed += 1
         if seq.is_closed:
             break

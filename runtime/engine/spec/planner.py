@@ -41,21 +41,17 @@ class _KV(Protocol):
 
 def spec_eligible(seq: Sequence) -> bool:
     """Decided once per sequence: may it speculate at all? Its request did not opt out, and it
-    uses no feature the verification does not reproduce yet (logprobs, logits processors,
-    constraints, verification sampling); a seed and n > 1 are fine."""
+    uses no feature the verification does not reproduce yet (logits processors, verification
+    sampling). A seed, n > 1, logprobs and constraints are fine: the emitted tokens' logprobs
+    are the target's logits' at their positions (verify.emitted_logprobs), the prompt's are
+    sent with the first token, before the row ever drafts, and a constrained row's drafts are
+    judged under its grammar (constrained.py)."""
     if not getattr(seq.request, "speculative", True):
         return False
     f = seq.features
     if f is None:
         return True
-    params = seq.request.sampling
-    return (
-        f.logprobs is None
-        and f.constraint is None
-        and f.verify is None
-        and not params.uses_logits_controls
-        and not params.wants_logprobs
-    )
+    return f.verify is None and not seq.request.sampling.uses_logits_controls
 
 
 class Speculator:

@@ -3,7 +3,9 @@
 One forward over every row's chunk, as any step: prefill chunks, one-token decodes and the
 drafting rows' 1 + k tokens side by side. The rows without drafts are sampled as in any step
 (their `SamplingBatch`, the `Sampler`); each drafting row's k + 1 positions are turned into logits
-and verified (verify.py). The drafts of `self_draft` rows are written in first (the drafter).
+and verified (verify.py; a constrained row under its grammar, constrained.py), with the emitted
+tokens' logprobs where the row asks (the target's, as the sampler computes them). The drafts of
+`self_draft` rows are written in first (the drafter).
 The runner is read through a protocol and the result handed back as a `DraftedStep` the runner
 turns into its `StepOutput`, so this module does not import the runner (no import cycle).
 """
@@ -17,7 +19,8 @@ import torch
 
 from runtime.engine.sampling.batch import SamplingBatch
 from runtime.engine.sampling.sampler import Sampler, SamplerOutput
-from runtime.engine.spec.verify import SpecResult, verify_row
+from runtime.engine.spec.constrained import verify_constrained
+from runtime.engine.spec.verify import SpecResult, emitted_logprobs, verify_row
 
 if TYPE_CHECKING:
     from runtime.engine.scheduled import ScheduledSeq, SchedulerOutput
@@ -86,12 +89,18 @@ def execute_with_drafts(runner: _Runner, batch: SchedulerOutput) -> DraftedStep:
         seq, drafts = items[i].seq, items[i].draft_token_ids
         assert drafts is not None
         span = len(drafts) + 1
-        step.spec[i] = verify_row(
-            logits[offset : offset + span],
-            drafts,
-            seq.request.sampling,
-            seq.generator,
-            argmax[offset : offset + span],
-        )
+        params = seq.request.sampling
+        rows = logits[offset : offset + span]
+        constraint = seq.constraint
+        if constraint is None:
+            result = verify_row(rows, drafts, params, seq.generator, argmax[offset : offset + span])
+        else:  # structured output: each draft judged under the grammar (constrained.py)
+            num_outputs = len(seq.output_token_ids)
+            result = verify_constrained(
+                rows, drafts, params, seq.generator, constraint, num_outputs
+            )
+        if params.wants_logprobs:  # the one check a drafting row without logprobs pays
+            result.logprobs = emitted_logprobs(rows, result.token_ids, params.logprobs or 0)
+        step.spec[i] = result
         offset += span
     return step

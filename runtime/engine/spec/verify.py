@@ -12,6 +12,8 @@ are the target's distributions for the positions of d_1 .. d_n and the one after
     and when all are accepted the bonus is drawn from p_{n+1}. Each emitted token is then
     distributed exactly as the target's own draw would be.
 A row with a seed draws only from its own generator (its tokens do not depend on the batch).
+A row that asks for logprobs gets, for each emitted token, the entry the plain sampler would give
+it: log-softmax of the target's own logits at that position (`emitted_logprobs`).
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ from dataclasses import dataclass
 
 import torch
 
+from runtime.engine.logprobs import token_entries
+from runtime.engine.request import TokenLogprob
 from runtime.engine.sampling.draw import apply_top_k_top_p
 from runtime.engine.sampling.params import SamplingParams
 
-__all__ = ["SpecResult", "target_probs", "verify_row"]
+__all__ = ["SpecResult", "emitted_logprobs", "target_probs", "verify_row"]
 
 
 @dataclass
@@ -32,6 +36,8 @@ class SpecResult:
     token_ids: list[int]  # emitted: the accepted drafts, then the target's own next token
     num_drafted: int
     num_accepted: int
+    # one per emitted token, from the target's logits (requests with logprobs); None: not asked
+    logprobs: list[TokenLogprob] | None = None
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -75,3 +81,17 @@ def verify_row(
     else:
         token = int(torch.multinomial(probs[n], 1, generator=generator))
     return SpecResult([*drafts[:m], token], n, m)
+
+
+def emitted_logprobs(
+    logits: torch.Tensor,  # [n + 1, V] the row's logits, as verify_row got them
+    token_ids: Seq[int],  # the emitted tokens: token j was chosen at position j
+    k: int,  # alternatives asked (SamplingParams.logprobs or 0)
+) -> list[TokenLogprob]:
+    """Each emitted token's entry exactly as the plain sampler computes it (runtime.engine
+    .logprobs): the log-softmax of the target's fp32 logits before temperature / top-k / top-p,
+    at the position the token was chosen at, never the draft's."""
+    m = len(token_ids)
+    logprobs = logits[:m].float().log_softmax(dim=-1)
+    chosen = torch.tensor(list(token_ids), device=logits.device)
+    return token_entries(logprobs, chosen, [k] * m)

@@ -49,3 +49,63 @@ def test_opt_out_same_text_and_counts_recorded(
             rows = dict(conn.execute(query).fetchall())
     assert rows[on.json()["id"]] == drafted  # the one request that drafted
     assert rows[off.json()["id"]] is None  # opted out: nothing drafted, NULL
+
+
+def test_logprobs_speculate_and_equal_the_opted_out_run(
+    demo_model_dir: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """Through the official `openai` client: a greedy completion with logprobs drafts (the spec
+    counters move, its inference_log row has drafts) and returns the same tokens and logprobs as
+    the same request opted out of speculation."""
+    import openai
+
+    spec = SpecConfig(method="ngram", num_speculative_tokens=4, max_batch_for_speculation=64)
+    make_router = router_of(
+        llama=partial(
+            engine_for, demo_model_dir("llama"), name="llama", spec=spec, batch_warmup=False
+        )
+    )
+    settings = storage_settings(tmp_path, speculative_method="ngram")
+    with in_process(settings, make_router) as app:
+        client = openai.OpenAI(
+            base_url=f"{app.client.base_url}/v1",
+            api_key=AUTH["Authorization"].removeprefix("Bearer "),
+            http_client=app.client,
+            max_retries=0,
+        )
+        extra = {"return_tokens_as_token_ids": True}
+        on, off = (
+            client.completions.create(
+                model="llama",
+                prompt=PROMPT,
+                max_tokens=24,
+                temperature=0,
+                logprobs=3,
+                extra_body={**extra, **opt},
+            )
+            for opt in ({}, {"speculative": False})
+        )
+        registry = app.state.registry
+        assert registry is not None
+        drafted = metric_sum(registry, "fastllm_spec_decode_num_draft_tokens_total", method="ngram")
+        accepted = metric_sum(
+            registry, "fastllm_spec_decode_num_accepted_tokens_total", method="ngram"
+        )
+        app.rows(expected=2)
+        assert app.db is not None
+        with sqlite3.connect(app.db) as conn:
+            query = "SELECT request_id, spec_draft_tokens FROM inference_log WHERE op IS NULL"
+            rows = dict(conn.execute(query).fetchall())
+    assert drafted > 0 and accepted > 0  # the logprobs request speculated, drafts were accepted
+    assert rows[on.id] == drafted and rows[off.id] is None
+    got, want = on.choices[0].logprobs, off.choices[0].logprobs
+    assert got is not None and want is not None
+    assert on.choices[0].text == off.choices[0].text and got.tokens == want.tokens
+    assert got.tokens and len(got.tokens) == 24
+    assert got.token_logprobs is not None and want.token_logprobs is not None
+    for g, w in zip(got.token_logprobs, want.token_logprobs, strict=True):
+        assert abs(g - w) < 1e-5
+    assert got.top_logprobs is not None and want.top_logprobs is not None
+    for g_top, w_top in zip(got.top_logprobs, want.top_logprobs, strict=True):
+        assert g_top.keys() == w_top.keys()
+        assert all(abs(g_top[t] - w_top[t]) < 1e-5 for t in w_top)
