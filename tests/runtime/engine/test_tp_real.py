@@ -41,7 +41,10 @@ from tests.runtime.server.live import (
 
 __all__ = ["one_torch_thread"]  # the fixture, imported for use here
 
-pytestmark = pytest.mark.real_model
+# its own xdist group, not the "real_model" one its fixture would give it (tests/fixtures/
+# groups.py): it needs only the GGUF file's path (no conversion, no transformers load), and its
+# three-process worlds on the real_model worker made that group the suite's tail
+pytestmark = [pytest.mark.real_model, pytest.mark.xdist_group("real_model_tp")]
 WORLD = 3
 NAME = "smollm2"
 TOL = 1e-4  # fp32 on every rank, only the summation order differs (measured: 5.1e-5 of 36.5)
