@@ -23,7 +23,7 @@ import xgrammar as xgr
 
 from runtime.engine.constraints.state import ConstraintState
 from runtime.engine.sampling.params import SamplingParams
-from runtime.engine.spec.verify import SpecResult, target_probs
+from runtime.engine.spec.verify import SpecResult, draw_without, target_probs
 
 __all__ = ["verify_constrained"]
 
@@ -73,8 +73,4 @@ def _judge(
     uniform = float(torch.rand(1, generator=generator, device=probs.device))
     if uniform < float(probs[draft]):
         return draft
-    residual = probs.clone()
-    residual[draft] = 0.0
-    if float(residual.sum()) <= 0.0:  # p(d) == 1 cannot be rejected; float guard
-        residual = probs
-    return int(torch.multinomial(residual, 1, generator=generator))
+    return draw_without(probs, draft, generator)

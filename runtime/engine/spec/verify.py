@@ -28,7 +28,7 @@ from runtime.engine.request import TokenLogprob
 from runtime.engine.sampling.draw import apply_top_k_top_p
 from runtime.engine.sampling.params import SamplingParams
 
-__all__ = ["SpecResult", "emitted_logprobs", "target_probs", "verify_row"]
+__all__ = ["SpecResult", "draw_without", "emitted_logprobs", "target_probs", "verify_row"]
 
 
 @dataclass
@@ -72,15 +72,20 @@ def verify_row(
     m = 0
     while m < n and uniforms[m] < chosen[m]:
         m += 1
-    if m < n:  # rejected at m: draw from p_m without d_m
-        residual = probs[m].clone()
-        residual[drafts[m]] = 0.0
-        if float(residual.sum()) <= 0.0:  # p_m(d_m) == 1 cannot be rejected; float guard
-            residual = probs[m]
-        token = int(torch.multinomial(residual, 1, generator=generator))
+    if m < n:  # rejected at m
+        token = draw_without(probs[m], drafts[m], generator)
     else:
         token = int(torch.multinomial(probs[n], 1, generator=generator))
     return SpecResult([*drafts[:m], token], n, m)
+
+
+def draw_without(probs: torch.Tensor, draft: int, generator: torch.Generator | None) -> int:
+    """The token after a rejected draft: drawn from the position's distribution without it."""
+    residual = probs.clone()
+    residual[draft] = 0.0
+    if float(residual.sum()) <= 0.0:  # p(d) == 1 cannot be rejected; float guard
+        residual = probs
+    return int(torch.multinomial(residual, 1, generator=generator))
 
 
 def emitted_logprobs(
