@@ -3,12 +3,14 @@ and handed back to the OS / driver."""
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
 from runtime.engine.stats import TierStats
 from runtime.memory import Allocator, AllocatorConfig
-from tests.runtime.memory.conftest import rss_bytes
+from tests.runtime.memory.conftest import resident_bytes
 
 F32 = torch.float32
 
@@ -86,17 +88,17 @@ def test_large_blocks_are_never_cached(tiny: Allocator) -> None:
 def test_large_release_returns_memory_to_the_os() -> None:
     alloc = Allocator(AllocatorConfig(small_blocks_per_class=1))
     nbytes = 200 << 20
-    before = rss_bytes()
     block = alloc.alloc((nbytes // 4,), F32, owner="big")
     assert block.tier == "large"
+    address = block.tensor.data_ptr()
     block.tensor.fill_(1.0)  # make every page resident
-    peak = rss_bytes()
-    assert peak - before > 150 << 20, (
+    assert resident_bytes(address, nbytes) > 190 << 20, (
         "the pages never became resident; the test would prove nothing"
     )
     block.release()
-    after = rss_bytes()
-    assert after - before < 50 << 20, f"RSS stayed up by {(after - before) >> 20} MiB"
+    gc.collect()
+    left = resident_bytes(address, nbytes)
+    assert left < 16 << 20, f"{left >> 20} MiB of the released block stayed resident"
     assert tier(alloc, "large").bytes_in_use == 0
 
 
