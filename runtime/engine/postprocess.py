@@ -49,8 +49,11 @@ def _push_verified(
     through the stop check (a stop among them ends it there), then the scheduler's KV
     bookkeeping for the accepted drafts."""
     num_pushed = 0
-    entries = result.logprobs
+    entries, logits = result.logprobs, result.chosen_logits
     for j, token_id in enumerate(result.token_ids):
+        if logits is not None:  # runtime.verify: set before the push (a stop submits the job)
+            assert seq.features is not None and seq.features.verify is not None
+            seq.features.verify.chosen_logit = logits[j]
         push_token(core, seq, token_id, None if entries is None else entries[j])
         num_pushed += 1
         if seq.is_closed:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
+from runtime.engine.spec.controls import control_rows
 from runtime.errors import ConfigError
 from runtime.memory.kv_cache import KVCache, SequenceKV
 from runtime.models.base import CausalLM, SeqSlice
@@ -125,7 +126,9 @@ class SelfDrafter:
             return
         # the tokens each draft KV has not seen (at least the pending one), in one chunk each
         chunks = [e.seq.token_ids[e.kv.num_tokens :] for _, e in rows]
-        tokens = self._forward(rows, chunks)
+        # rows with logits controls draft under them (controls.py), as the target will judge
+        controlled = any(e.seq.request.sampling.uses_logits_controls for _, e in rows)
+        tokens = self._forward(rows, chunks, 0 if controlled else None)
         for (_, entry), chunk in zip(rows, chunks, strict=True):
             entry.fed.extend(chunk)
             entry.num_real = len(entry.fed)
@@ -140,7 +143,7 @@ class SelfDrafter:
             if not live:
                 break
             chunks = [[tokens[i]] for i, _ in live]
-            next_tokens = self._forward([r for _, r in live], chunks)
+            next_tokens = self._forward([r for _, r in live], chunks, j + 1 if controlled else None)
             for (i, (_, entry)), token in zip(live, next_tokens, strict=True):
                 entry.fed.append(tokens[i])
                 tokens[i] = token
@@ -170,7 +173,10 @@ class SelfDrafter:
         return entry
 
     def _forward(
-        self, rows: list[tuple[ScheduledSeq, _DraftKV]], chunks: list[list[int]]
+        self,
+        rows: list[tuple[ScheduledSeq, _DraftKV]],
+        chunks: list[list[int]],
+        num_drafted: int | None,  # drafts each row holds so far; None: no row has controls
     ) -> list[int]:
         """One draft forward over each row's chunk: the greedy next token of each row."""
         flat: list[int] = []
@@ -184,6 +190,10 @@ class SelfDrafter:
         logits = self.model.compute_logits(hidden.index_select(0, last))
         for (_, entry), chunk in zip(rows, chunks, strict=True):
             entry.kv.advance(len(chunk))
+        if num_drafted is not None:
+            seqs = [entry.seq for _, entry in rows]
+            done = [(item.draft_token_ids or [])[:num_drafted] for item, _ in rows]
+            control_rows(logits, seqs, done)
         return cast(list[int], logits.argmax(dim=-1).tolist())
 
     def _sweep(self) -> None:

@@ -40,18 +40,13 @@ class _KV(Protocol):
 
 
 def spec_eligible(seq: Sequence) -> bool:
-    """Decided once per sequence: may it speculate at all? Its request did not opt out, and it
-    uses no feature the verification does not reproduce yet (logits processors, verification
-    sampling). A seed, n > 1, logprobs and constraints are fine: the emitted tokens' logprobs
-    are the target's logits' at their positions (verify.emitted_logprobs), the prompt's are
-    sent with the first token, before the row ever drafts, and a constrained row's drafts are
-    judged under its grammar (constrained.py)."""
-    if not getattr(seq.request, "speculative", True):
-        return False
-    f = seq.features
-    if f is None:
-        return True
-    return f.verify is None and not seq.request.sampling.uses_logits_controls
+    """Decided once per sequence: may it speculate at all? Its request did not opt out. Every
+    feature is reproduced by the verification: a seed, n > 1, logprobs (the target's logits at
+    each emitted token's position, verify.emitted_logprobs; the prompt's are sent with the
+    first token, before the row ever drafts), constraints (each draft judged under the grammar,
+    constrained.py), logits controls (each position's as after the drafts before it,
+    controls.py) and verification sampling (the raw logit of each emitted token)."""
+    return bool(getattr(seq.request, "speculative", True))
 
 
 class Speculator:

@@ -20,10 +20,12 @@ import torch
 from runtime.engine.sampling.batch import SamplingBatch
 from runtime.engine.sampling.sampler import Sampler, SamplerOutput
 from runtime.engine.spec.constrained import verify_constrained
-from runtime.engine.spec.verify import SpecResult, emitted_logprobs, verify_row
+from runtime.engine.spec.controls import controlled_logits
+from runtime.engine.spec.verify import SpecResult, chosen_logits, emitted_logprobs, verify_row
 
 if TYPE_CHECKING:
     from runtime.engine.scheduled import ScheduledSeq, SchedulerOutput
+    from runtime.engine.sequence import Sequence
     from runtime.engine.spec.drafter import SelfDrafter
     from runtime.models.base import CausalLM, SeqSlice
 
@@ -84,23 +86,40 @@ def execute_with_drafts(runner: _Runner, batch: SchedulerOutput) -> DraftedStep:
     index = torch.tensor(positions, device=runner.device)
     logits = runner.model.compute_logits(hidden.index_select(0, index))  # [sum(k+1), V]
     argmax = logits.argmax(dim=-1).tolist()  # one host copy for the greedy rows
+    # controls, logprobs, verification sampling and constraints live in a sequence's features
+    # slot: a step whose rows have none (the scheduler's count) looks at none of them
+    featured = batch.num_featured > 0
     offset = 0
     for i in drafting:
         seq, drafts = items[i].seq, items[i].draft_token_ids
         assert drafts is not None
         span = len(drafts) + 1
-        params = seq.request.sampling
-        rows = logits[offset : offset + span]
-        constraint = seq.constraint
-        if constraint is None:
-            result = verify_row(rows, drafts, params, seq.generator, argmax[offset : offset + span])
-        else:  # structured output: each draft judged under the grammar (constrained.py)
-            num_outputs = len(seq.output_token_ids)
-            result = verify_constrained(
-                rows, drafts, params, seq.generator, constraint, num_outputs
-            )
-        if params.wants_logprobs:  # the one check a drafting row without logprobs pays
-            result.logprobs = emitted_logprobs(rows, result.token_ids, params.logprobs or 0)
-        step.spec[i] = result
+        rows = logits[offset : offset + span]  # the target's own (logprobs, verification)
+        step.spec[i] = _verify(seq, drafts, rows, argmax[offset : offset + span], featured)
         offset += span
     return step
+
+
+def _verify(
+    seq: Sequence, drafts: list[int], rows: torch.Tensor, argmax: list[int], featured: bool
+) -> SpecResult:
+    params = seq.request.sampling
+    f = seq.features if featured else None
+    if f is None:
+        return verify_row(rows, drafts, params, seq.generator, argmax)
+    judged: torch.Tensor = rows
+    target: list[int] | None = argmax
+    if params.uses_logits_controls:  # each position's controls, as after the drafts before it
+        judged, target = controlled_logits(rows, seq, drafts), None
+    if f.constraint is None:
+        result = verify_row(judged, drafts, params, seq.generator, target)
+    else:  # structured output: each draft judged under the grammar (constrained.py)
+        num_outputs = len(seq.output_token_ids)
+        result = verify_constrained(
+            judged, drafts, params, seq.generator, f.constraint, num_outputs
+        )
+    if params.wants_logprobs:  # the target's, before any control (as the plain sampler's)
+        result.logprobs = emitted_logprobs(rows, result.token_ids, params.logprobs or 0)
+    if f.verify is not None:  # runtime.verify: the raw logit of each emitted token
+        result.chosen_logits = chosen_logits(rows, result.token_ids)
+    return result

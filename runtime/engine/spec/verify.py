@@ -28,7 +28,14 @@ from runtime.engine.request import TokenLogprob
 from runtime.engine.sampling.draw import apply_top_k_top_p
 from runtime.engine.sampling.params import SamplingParams
 
-__all__ = ["SpecResult", "draw_without", "emitted_logprobs", "target_probs", "verify_row"]
+__all__ = [
+    "SpecResult",
+    "chosen_logits",
+    "draw_without",
+    "emitted_logprobs",
+    "target_probs",
+    "verify_row",
+]
 
 
 @dataclass
@@ -38,6 +45,8 @@ class SpecResult:
     num_accepted: int
     # one per emitted token, from the target's logits (requests with logprobs); None: not asked
     logprobs: list[TokenLogprob] | None = None
+    # one per emitted token: the target's raw logit of it (requests runtime.verify samples)
+    chosen_logits: list[float] | None = None
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -100,3 +109,11 @@ def emitted_logprobs(
     logprobs = logits[:m].float().log_softmax(dim=-1)
     chosen = torch.tensor(list(token_ids), device=logits.device)
     return token_entries(logprobs, chosen, [k] * m)
+
+
+def chosen_logits(logits: torch.Tensor, token_ids: Seq[int]) -> list[float]:
+    """Each emitted token's logit at its position, before any control or mask: what the plain
+    sampler keeps for runtime.verify (its final token's is re-checked on the reference path)."""
+    m = len(token_ids)
+    index = torch.tensor(list(token_ids), device=logits.device).unsqueeze(1)
+    return [float(v) for v in logits[:m].float().gather(1, index).squeeze(1).tolist()]

@@ -147,7 +147,9 @@ def test_preemption_keeps_outputs_identical(
     assert sum(s.num_accepted_tokens for s in sink.steps) > 0
 
 
-def test_per_request_opt_out_and_features_run_plain(llama: tuple[Path, LoadedModel]) -> None:
+def test_per_request_opt_out_runs_plain_and_features_speculate(
+    llama: tuple[Path, LoadedModel],
+) -> None:
     _, loaded = llama
     prompt = [5, 6, 7, 8, 9] * 6
     config = engine_config(batch_warmup=False, spec=NGRAM)
@@ -155,17 +157,17 @@ def test_per_request_opt_out_and_features_run_plain(llama: tuple[Path, LoadedMod
     engine = Engine(config, sink, loader=lambda: loaded, allocator=Allocator(device="cpu"))
     try:
         out = engine.submit(GenerationRequest("a", prompt, greedy(20), speculative=False)).result()
-        # a logits control (a zero bias changes no logit, but the verification does not run
-        # processors yet): plain; logprobs speculate (test_logprobs.py checks their values)
+        # a logits control (a zero bias changes no logit) and logprobs speculate too
+        # (test_controls.py and test_logprobs.py check their values)
         biased = greedy(20, logit_bias=((3, 0.0),))
-        plain = engine.submit(GenerationRequest("b", prompt, biased)).result()
+        bias = engine.submit(GenerationRequest("b", prompt, biased)).result()
         logprobs = engine.submit(GenerationRequest("d", prompt, greedy(20, logprobs=2))).result()
         on = engine.submit(GenerationRequest("c", prompt, greedy(20))).result()
     finally:
         engine.shutdown()
-    assert out.token_ids == on.token_ids == logprobs.token_ids == plain.token_ids
+    assert out.token_ids == on.token_ids == logprobs.token_ids == bias.token_ids
     drafted = {r.request_id: r.spec_draft_tokens for r in sink.finished}
-    assert drafted["a"] == 0 and drafted["b"] == 0 and drafted["c"] > 0 and drafted["d"] > 0
+    assert drafted["a"] == 0 and drafted["b"] > 0 and drafted["c"] > 0 and drafted["d"] > 0
 
 
 def test_above_max_batch_no_step_drafts(llama: tuple[Path, LoadedModel]) -> None:
