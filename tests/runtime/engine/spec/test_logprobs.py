@@ -148,3 +148,47 @@ def test_sampled_logprobs_are_the_targets_at_each_position(loaded: LoadedModel) 
             want = reference[len(prompt) + j]
             assert want is not None
             _assert_same(entry, want, K)
+
+
+def _by_choice(outs: list[TokenOutput]) -> dict[int, list[TokenOutput]]:
+    """A request's outputs per choice (n > 1: the choices interleave, TokenOutput.index)."""
+    choices: dict[int, list[TokenOutput]] = {}
+    for out in outs:
+        choices.setdefault(out.index, []).append(out)
+    return choices
+
+
+@pytest.mark.parametrize("spec", [NGRAM, SELF_DRAFT], ids=["ngram", "self_draft"])
+def test_n_choices_logprobs_are_each_choices_own(loaded: LoadedModel, spec: SpecConfig) -> None:
+    """n > 1: every choice speculates on its own row and gets its own tokens' logprobs. Greedy
+    choices equal the plain engine's entry for entry; sampled ones (other draws than a plain
+    run's) equal the target's logprobs of their own text (the plain engine's prompt logprobs)."""
+    prompts = _prompts(loaded.args.vocab_size)[:3]
+    greedy_n = greedy(24, logprobs=K, n=2)
+    plain, _ = _run(loaded, prompts, [greedy_n] * 3, SpecConfig())
+    drafted, sink = _run(loaded, prompts, [greedy_n] * 3, spec)
+    for want_outs, got_outs in zip(plain, drafted, strict=True):
+        want, got = _by_choice(want_outs), _by_choice(got_outs)
+        assert sorted(got) == sorted(want) == [0, 1]
+        for index in want:
+            assert [t for o in got[index] for t in o.token_ids] == [
+                t for o in want[index] for t in o.token_ids
+            ]
+            for g, w in zip(_entries(got[index]), _entries(want[index]), strict=True):
+                _assert_same(g, w, K)
+    _assert_drafted(sink, len(prompts))
+    sampled = [SamplingParams(max_tokens=24, temperature=0.02, seed=7, n=3, logprobs=K)]
+    drafted, sink = _run(loaded, prompts[1:2], sampled, spec)
+    assert sum(s.num_accepted_tokens for s in sink.steps) > 0
+    choices = _by_choice(drafted[0])
+    assert sorted(choices) == [0, 1, 2]
+    texts = [prompts[1] + [t for o in choices[i] for t in o.token_ids] for i in range(3)]
+    echo = [SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=K) for _ in texts]
+    scored, _ = _run(loaded, texts, echo, SpecConfig())
+    for index, score in enumerate(scored):
+        reference = score[0].prompt_logprobs
+        assert reference is not None
+        for j, entry in enumerate(_entries(choices[index])):
+            expected = reference[len(prompts[1]) + j]
+            assert expected is not None
+            _assert_same(entry, expected, K)
