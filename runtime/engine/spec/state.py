@@ -1,12 +1,12 @@
 """One sequence's speculation, decided once (on its first decode step) and then tracked.
 
 `Sequence.spec` is None until the speculator first sees the sequence decode; then it holds a
-`SpecState`: `enabled` says whether the row may draft at all (its request allows it and uses no
-feature speculation does not support), decided once. While it drafts, its recent acceptance is
-watched: when it falls below the bar (a verified chunk costs more than the tokens it saves), the
-row pauses drafting for a number of decode steps that doubles at each pause (8, 16, ... 256),
-then tries again, so a request whose text turns repetitive later (a quote after a preamble)
-still gets there, and one that never does pays a vanishing share of its steps.
+`SpecState`: `enabled` says whether the row may draft at all (its request did not opt out),
+decided once. While it drafts, its recent acceptance is watched: when it falls below the bar
+(a verified chunk costs more than the tokens it saves), the row pauses drafting for a number of
+decode steps that doubles at each pause (8, 16, ... 256), then tries again, so a request whose
+text turns repetitive later (a quote after a preamble) still gets there, and one that never
+does pays a vanishing share of its steps.
 """
 
 from __future__ import annotations
