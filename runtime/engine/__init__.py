@@ -1,6 +1,7 @@
 """The engine: load once, admit, continuous batching, emit stats. Imports nothing of the sinks.
 
 engine.py        Engine: the EngineClient a server holds for one model version
+introspection.py Engine's control and figures (batch policy, stats, LoRA, TP), off the path
 client.py        EngineClient: the protocol Engine and serving.ReplicaSet implement
 config.py        EngineConfig, derived from runtime.config.Settings
 build.py         what the engine builds once the model is loaded (allocator, KV, scheduler, ...)
