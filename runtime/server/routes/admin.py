@@ -9,12 +9,12 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict
 
-from runtime.config import BatchGoal, band_for
 from runtime.errors import ServiceUnavailable
 from runtime.server.auth import require_admin
 from runtime.server.errors import ErrorResponse
 from runtime.server.openai.schemas import BatchPolicyRequest
 from runtime.server.state import get_state
+from runtime.settings.engine import BatchGoal, band_for
 
 _ADMIN_ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "invalid policy"},
@@ -87,7 +87,7 @@ async def set_batch_policy(body: BatchPolicyRequest, request: Request) -> BatchP
 
 class BatchGoalRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    goal: BatchGoal  # latency | balanced | throughput (runtime.config)
+    goal: BatchGoal  # latency | balanced | throughput (runtime.settings.engine)
 
 
 @router.post("/batch-goal", response_model=BatchPolicy)
