@@ -10,6 +10,7 @@ core.py          the step loop thread: schedule() -> execute() -> update_from_ou
 postprocess.py   update_from_output: each sampled token (and logprob) to its sequence
 failures.py      a failed step or schedule fails its requests, not the engine
 scheduler.py     continuous batching: which sequences run this step, how many tokens each
+preemption.py    the scheduler's preemption and forks (a sequence back in the queue)
 fair_share.py    the waiting queue least-served first; each request's / tenant's batch share
 sequence.py      per-request state inside the engine: what every sequence needs + `features`
 features.py      the optional feature slots (seed, choices, constraint, logprobs, verification)
