@@ -181,7 +181,7 @@ def _gemms(model_dir: Path) -> Callable[[int, int], list[Any]]:
 def _prompt_logits(loaded: Any, prompt: list[int]) -> list[float]:
     import torch
 
-    from runtime.memory.kv_cache import SequenceKV
+    from runtime.memory.kv_pool import SequenceKV
     from runtime.models.base import SeqSlice
 
     model, a = loaded.model, loaded.args

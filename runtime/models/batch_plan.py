@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from runtime.memory.kv_cache import SequenceKV
+from runtime.memory.kv_pool import SequenceKV
 
 # a gather may take more rows than sequences up to this size (or one layer of the pool, if less)
 GATHER_BUDGET_BYTES = 16 << 20

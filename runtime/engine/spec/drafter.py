@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, cast
 import torch
 
 from runtime.errors import ConfigError
-from runtime.memory.kv_cache import KVCache, SequenceKV
+from runtime.memory.kv_cache import KVCache
+from runtime.memory.kv_pool import SequenceKV
 from runtime.models.base import CausalLM, SeqSlice
 from runtime.models.quantize import PROJECTIONS, quantize_head, quantize_model
 

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from runtime.memory.kv_cache import SequenceKV
+from runtime.memory.kv_pool import SequenceKV
 from runtime.models import paged_attention
 from runtime.models.base import CausalLM
 from runtime.models.batch_plan import BatchPlan, SeqSlice

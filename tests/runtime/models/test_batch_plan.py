@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from runtime.memory import Allocator
-from runtime.memory.kv_cache import KVCache, SequenceKV
+from runtime.memory.kv_cache import KVCache
+from runtime.memory.kv_pool import SequenceKV
 from runtime.models import ops, paged_attention
 from runtime.models.batch_plan import GATHER_BUDGET_BYTES, BatchPlan, SeqSlice
 
