@@ -7,6 +7,7 @@ config.py        EngineConfig, derived from runtime.config.Settings
 build.py         what the engine builds once the model is loaded (allocator, KV, scheduler, ...)
 admission.py     a request's checks (once), the sequence it becomes, its features closed
 core.py          the step loop thread: schedule() -> execute() -> update_from_output()
+closing.py       how a sequence ends: close (final output, stats, KV freed), expire
 postprocess.py   update_from_output: each sampled token (and logprob) to its sequence
 failures.py      a failed step or schedule fails its requests, not the engine
 scheduler.py     continuous batching: which sequences run this step, how many tokens each

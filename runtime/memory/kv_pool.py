@@ -207,7 +207,7 @@ class SequenceKV:
         self.num_cached_tokens = 0  # tokens found in the prefix cache when allocated
         self.salt_key = b""  # what the first page's key chains from (kv_pool.salt_root)
         self.born_s = time.monotonic()
-        self.scratch = scratch  # the cache's gather buffer (runtime.models.paged_attention)
+        self.scratch = scratch  # the cache's gather buffer (runtime.models.batch_plan.attend)
 
     @classmethod
     def empty(
