@@ -11,6 +11,7 @@ tools/              tool calling: plan, prompt rendering, parsing, streamed call
 controls.py         sampling controls and logprob fields -> SamplingParams fields
 generate.py         submit / join / usage helpers shared by the generation routes; one run
 streaming.py        server-sent events; a disconnect cancels the request
+chunks.py           a streamed choice's chunk (with its logprobs), the streamed 200 in OpenAPI
 choices.py          runs prompt batches and n / best_of as engine requests
 logprobs.py         the logprobs shapes of completions and chat
 choice_logprobs.py  the same per choice of a batch
