@@ -5,6 +5,7 @@ routes.py           the /v1 routes: one handler per endpoint
 features.py         what a body asks beyond a plain request, decided once per body
 tokenize.py         /tokenize, /detokenize
 schemas.py          pydantic request / response models (what /openapi.json documents)
+content_parts.py    chat content as a list of text parts; any other part type is a 400
 unsupported.py      OpenAI fields this server does not implement: refused unless neutral
 structured.py       structured-output and tool fields -> the engine's ConstraintSpec
 tools/              tool calling: plan, prompt rendering, parsing, streamed calls

@@ -7,12 +7,11 @@ from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.errors import ServiceUnavailable
 from runtime.server.auth import require_admin
 from runtime.server.errors import ErrorResponse
-from runtime.server.openai.schemas import BatchPolicyRequest
 from runtime.server.state import get_state
 from runtime.settings.engine import BatchGoal, band_for
 
@@ -25,6 +24,14 @@ _ADMIN_ERRORS: dict[int | str, dict[str, Any]] = {
 router = APIRouter(
     prefix="/admin", tags=["admin"], dependencies=[Depends(require_admin)], responses=_ADMIN_ERRORS
 )
+
+
+class BatchPolicyRequest(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")  # as the API's bodies
+
+    min_util: float = Field(ge=0.0, le=1.0)
+    max_util: float = Field(ge=0.0, le=1.0)
+    step_size: float = Field(gt=0.0, le=1.0)
 
 
 class BatchPolicy(BaseModel):
