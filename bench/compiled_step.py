@@ -32,7 +32,7 @@ import torch
 
 from bench.generate import DEFAULT_CACHE
 from bench.model_arg import add_model_argument, resolve_model
-from runtime.memory.kv_cache import SequenceKV
+from runtime.memory.kv_pool import SequenceKV
 from runtime.models.base import CausalLM, SeqSlice
 from runtime.models.demo import make_demo_model
 from runtime.models.fast.build import FastPathOptions, get_fast_path

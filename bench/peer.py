@@ -60,15 +60,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.generate import DEFAULT_CACHE
-from bench.peer_workers import (
+from bench.peer_llama_cpp import (
     BINDINGS,
-    Worker,
     llama_cpp_missing,
-    matching_side,
     peer_version,
     pick_binding,
     requantize,
 )
+from bench.peer_workers import Worker, matching_side
 
 AGREE_TOKENS = 16
 LOGIT_TOL = 1e-3  # fp32 on both sides: only summation order differs

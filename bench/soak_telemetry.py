@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from monitoring.tracing import create_tracer_provider, request_attributes
+from monitoring.tracer_provider import create_tracer_provider
+from monitoring.tracing import request_attributes
 from monitoring.wiring import Monitoring, create_monitoring
 from runtime.config import Settings
 from runtime.engine.engine import Engine

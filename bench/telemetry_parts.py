@@ -21,7 +21,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from bench.serving import greedy
 from bench.serving_parts import make_workload
-from monitoring.tracing import create_tracer_provider, request_attributes
+from monitoring.tracer_provider import create_tracer_provider
+from monitoring.tracing import request_attributes
 from monitoring.wiring import Monitoring, create_monitoring
 from runtime.config import Settings
 from runtime.engine.engine import Engine, EngineConfig

@@ -16,7 +16,8 @@ from collections.abc import Callable, Sequence
 
 from prometheus_client import Histogram
 
-from monitoring.metrics import ALLOCATOR_EVENTS, FastllmMetrics, endpoint_of
+from monitoring.metric_names import ALLOCATOR_EVENTS, endpoint_of
+from monitoring.metrics import FastllmMetrics
 from runtime.engine.stats import (
     AllocatorStats,
     FailureReason,

@@ -1,4 +1,4 @@
-"""OpenTelemetry traces: the provider factory and `TracingSink`.
+"""OpenTelemetry traces: `TracingSink` (the provider factory is in monitoring.tracer_provider).
 
 One SERVER span per request (parent = the incoming W3C `traceparent`), carrying QUEUED / SCHEDULED /
 FIRST_TOKEN / FINISHED (or CANCELLED) events at the engine's own timestamps and the GenAI semantic
@@ -8,7 +8,6 @@ Everything hangs off the provider passed in (never the global one), so tests use
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -17,10 +16,6 @@ from dataclasses import dataclass
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
@@ -34,30 +29,8 @@ from runtime.engine.stats import (
 )
 
 _PROPAGATOR = TraceContextTextMapPropagator()
-_OTLP_ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 
 _END_EVENT = {True: RequestEvent.CANCELLED, False: RequestEvent.FINISHED}
-
-
-def create_tracer_provider(
-    *,
-    service_name: str = "fastllm",
-    sample_ratio: float = 1.0,
-    environ: Mapping[str, str] = os.environ,
-) -> TracerProvider:
-    """Provider with `service.name` and head sampling ParentBased(TraceIdRatioBased(ratio)).
-    An OTLP/HTTP exporter is attached only when OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set; the
-    exporter itself reads the other standard OTEL_EXPORTER_OTLP_* variables (headers, timeout).
-    """
-    provider = TracerProvider(
-        resource=Resource.create({"service.name": service_name}),
-        sampler=ParentBased(TraceIdRatioBased(sample_ratio)),
-    )
-    if any(environ.get(name) for name in _OTLP_ENDPOINT_VARS):
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    return provider
 
 
 def request_attributes(

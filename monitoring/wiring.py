@@ -24,7 +24,8 @@ from monitoring.prometheus_sink import PrometheusSink
 from monitoring.samplers import MemoryCollector, gpu_memory_source
 from monitoring.spec_metrics import SpecDecodeMetrics, SpecDecodeSink
 from monitoring.structured_metrics import StructuredMetrics, StructuredOutputSink
-from monitoring.tracing import TracingSink, create_tracer_provider
+from monitoring.tracer_provider import create_tracer_provider
+from monitoring.tracing import TracingSink
 from runtime.config import Settings
 from runtime.engine.stats import AllocatorStats, StatsSink
 

@@ -51,6 +51,7 @@ SINK_MODULES = (
     "runtime/serving/rollout*",
     "runtime/engine/batching/*",
     "runtime/memory/allocator.py",
+    "runtime/memory/ledger.py",
 )
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from runtime.config import DEFAULT_DEMO_MODEL_DIR
 from runtime.errors import ModelLoadError
+from runtime.settings.model import DEFAULT_DEMO_MODEL_DIR
 
 REAL_MODEL_DIR = Path("demo-models/smollm2-135m-instruct")  # the Makefile's REAL
 HOW_TO_GET = (

@@ -5,11 +5,8 @@ One lock (`self.lock`, a Condition) guards the scheduler, the live sequences and
 it is held while scheduling and updating, never during the model forward, so `submit` and
 `cancel` from other threads only ever wait for bookkeeping. Stats go to the sink after the update,
 outside the lock and outside the forward, to the recorder's thread (recorder.py), which runs the
-sinks and then pushes the step's final outputs.
-
-A sequence that is cancelled or times out while it is part of the step being executed gets its
-final output at once, but its KV is freed right after that forward returns (the forward is still
-writing into it); every other sequence's KV is freed in the call itself.
+sinks and then pushes the step's final outputs. How a sequence ends (`close`, `expire`, and when
+its KV is freed) is closing.py's.
 """
 
 from __future__ import annotations
@@ -24,6 +21,7 @@ import torch
 
 from runtime.engine import failures, postprocess
 from runtime.engine.batching.controller import AdaptiveBatchController, BusyTracker
+from runtime.engine.closing import Closing
 from runtime.engine.config import EngineConfig
 from runtime.engine.model_runner import ModelRunner, StepOutput
 from runtime.engine.recorder import StatsRecorder
@@ -33,22 +31,19 @@ from runtime.engine.scheduler import Scheduler
 from runtime.engine.sequence import Sequence
 from runtime.engine.stats import (
     AllocatorStats,
-    FailureReason,
-    FinishReason,
-    RequestEvent,
     RequestStats,
     StatsSink,
     StepStats,
 )
 from runtime.engine.threads import StepThreads, apply_num_threads, step_threads_for
-from runtime.engine.timings import RequestMetrics
-from runtime.errors import FastllmError, RequestTimeout
 from runtime.memory.host_heap import HeapTrimmer, set_mmap_threshold
 
 log = logging.getLogger(__name__)
 
 
-class EngineCore:
+class EngineCore(Closing):
+    """How a sequence ends (`close`, `expire`) is closing.py's."""
+
     def __init__(
         self,
         config: EngineConfig,
@@ -123,57 +118,6 @@ class EngineCore:
             self.seqs[fork.request_id] = fork
         self.scheduler.add(seq)
         self.lock.notify_all()
-
-    def close(
-        self,
-        seq: Sequence,
-        *,
-        finished_reason: FinishReason | None = None,
-        error: FastllmError | None = None,
-        failure_reason: FailureReason | None = None,
-        output: TokenOutput | None = None,
-    ) -> None:
-        """Finish a sequence for good: final output, stats, and its KV freed (see module doc)."""
-        if seq.is_closed:
-            return
-        seq.is_closed = True
-        self.seqs.pop(seq.request_id, None)
-        cancelled = finished_reason == FinishReason.CANCELLED
-        seq.mark(RequestEvent.CANCELLED if cancelled else RequestEvent.FINISHED)
-        seq.stats.completion_tokens = len(seq.output_token_ids)
-        seq.stats.finished_reason = finished_reason
-        seq.stats.failure_reason = failure_reason
-        if output is None:
-            output = postprocess.empty_output(seq, finished_reason, error)
-        if seq.request_id not in self.in_flight:
-            self.scheduler.finish(seq)  # KV back before the caller sees the end of the stream
-        record = seq.stats if seq.group is None else seq.group.closed(seq)
-        if record is not None and seq.request.report_metrics:  # on the request's last output
-            output.metrics = RequestMetrics.of(record, seq.request.priority)
-        if self.final_outputs is not None:  # pushed once the step's stats are recorded
-            self.final_outputs.append((seq.handle, output))
-        else:
-            seq.handle.push(output)
-        if record is not None:  # one record per request, when its last choice closes
-            self.records.append(record)
-        if self.on_close is not None:
-            self.on_close(seq)
-        if seq.group is not None and (
-            error is not None or finished_reason is FinishReason.CANCELLED
-        ):
-            for other in seq.group.open_members():  # one choice cancelled or failed: all are
-                self.close(
-                    other,
-                    finished_reason=finished_reason,
-                    error=error,
-                    failure_reason=failure_reason,
-                )
-
-    def expire(self, now: float) -> None:
-        for seq in [s for s in self.seqs.values() if s.deadline <= now]:
-            limit = seq.request.timeout_s or self.config.request_timeout_s
-            error = RequestTimeout(f"request {seq.request_id} did not finish within {limit:g}s")
-            self.close(seq, error=error, failure_reason=FailureReason.TIMEOUT)
 
     # --- the loop --------------------------------------------------------------------------------
     def _loop(self) -> None:

@@ -12,7 +12,7 @@ from typing import Protocol
 
 from runtime.engine.fair_share import ShareConfig
 from runtime.engine.sequence import Sequence
-from runtime.memory.kv_cache import PrefixProbe, SequenceKV, TokenSlice
+from runtime.memory.kv_pool import PrefixProbe, SequenceKV, TokenSlice
 from runtime.memory.stats import KVCacheStats
 
 

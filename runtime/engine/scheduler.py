@@ -34,6 +34,7 @@ from collections import deque
 from dataclasses import replace
 
 from runtime.engine.fair_share import FairShare
+from runtime.engine.preemption import Preemption
 from runtime.engine.priority import PriorityPolicy
 from runtime.engine.scheduled import (
     KVSpace,
@@ -47,7 +48,9 @@ from runtime.engine.stats import RequestEvent, StepStats
 from runtime.memory.stats import KVCacheStats
 
 
-class Scheduler:
+class Scheduler(Preemption):
+    """Preemption and forks (which requeue a sequence) in preemption.py."""
+
     def __init__(self, config: SchedulerConfig, kv: KVSpace) -> None:
         self.config = config
         self.kv = kv
@@ -168,23 +171,6 @@ class Scheduler:
                 return False
         return True
 
-    def _preempt_taken(self, out: SchedulerOutput, victim: Sequence) -> None:
-        """Preempt a running sequence, unscheduling it if this step already took it."""
-        for item in out.items:
-            if item.seq is victim:
-                self._untake(out, item)
-                break
-        self.preempt(victim)
-        out.num_preempted += 1
-
-    def _preempt_for(self, out: SchedulerOutput, seq: Sequence) -> None:
-        """Priority policy: the waiting head found no room; a running sequence of lower priority
-        gives up its pages (the head is admitted next step, ahead of the victim)."""
-        assert self.priority is not None
-        victim = self.priority.victim_for(seq, self.running, time.time())
-        if victim is not None:
-            self._preempt_taken(out, victim)
-
     def _admit(self, seq: Sequence, budget: int) -> int | None:
         """Start the queue head: KV from its longest cached prefix plus pages for its first
         chunk. The tokens of that chunk, or None (nothing taken) when there is no room."""
@@ -227,17 +213,6 @@ class Scheduler:
             out.num_decode_tokens += 1
         else:
             out.num_prefill_tokens += num_tokens
-
-    def _untake(self, out: SchedulerOutput, item: ScheduledSeq) -> None:
-        out.items.remove(item)
-        out.num_featured -= item.seq.features is not None
-        out.num_random -= not item.seq.request.sampling.is_greedy
-        if item.seq.features is not None and item.seq.features.lora is not None:
-            out.num_lora -= 1
-        if self._is_decode(item.seq, item.num_new_tokens):
-            out.num_decode_tokens -= 1
-        else:
-            out.num_prefill_tokens -= item.num_new_tokens
 
     @staticmethod
     def _is_decode(seq: Sequence, num_tokens: int) -> bool:
@@ -292,22 +267,6 @@ class Scheduler:
             spec_method="" if self.speculator is None else self.speculator.method,
         )
 
-    def fork(self, parent: Sequence, child: Sequence) -> None:
-        """Start a choice of `parent`'s request right after its prefill, sharing its page table
-        (runtime.engine.choices); with no page for the fork it is queued at the front like a
-        preempted sequence, to recompute from the prefix cache."""
-        assert parent.kv is not None
-        child.arrival_index = parent.arrival_index
-        child.stats.scheduled_ts = parent.stats.scheduled_ts  # no second prefix-cache query
-        kv = self.kv.fork(parent.kv, child.request_id)
-        if kv is None:
-            child.status = SequenceStatus.WAITING
-            self.waiting.appendleft(child)
-            self.num_queued_tokens += child.num_prompt_tokens
-            return
-        child.kv, child.status = kv, SequenceStatus.RUNNING
-        bisect.insort(self.running, child, key=lambda s: s.arrival_index)
-
     def finish(self, seq: Sequence) -> None:
         """Take a sequence out (finished, cancelled, failed) and free its KV at once."""
         if seq.status is SequenceStatus.WAITING and seq in self.waiting:
@@ -318,17 +277,6 @@ class Scheduler:
             self.running.remove(seq)
         seq.status = SequenceStatus.FINISHED
         self._free(seq)
-
-    def preempt(self, seq: Sequence) -> None:
-        """Free a running sequence's KV and requeue it at the front for recompute."""
-        self.running.remove(seq)
-        self._free(seq)  # its cursor with it: num_computed_tokens reads 0
-        seq.num_preemptions += 1
-        self.num_preemptions += 1
-        seq.status = SequenceStatus.WAITING
-        self.waiting.appendleft(seq)
-        self.num_queued_forks += len(seq.pending_forks)
-        self.num_queued_tokens += seq.num_prompt_tokens
 
     def _free(self, seq: Sequence) -> None:
         if seq.kv is not None:

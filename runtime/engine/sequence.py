@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from runtime.engine.constraints.state import ConstraintState
     from runtime.engine.spec.state import SpecState
     from runtime.engine.stopping import StopChecker
-    from runtime.memory.kv_cache import SequenceKV
+    from runtime.memory.kv_pool import SequenceKV
 
 
 class SequenceStatus(enum.Enum):

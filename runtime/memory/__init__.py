@@ -7,7 +7,7 @@ block.tensor.zero_()            # [4, 128]
 half = block[:2]                # tracked view; released on its own
 half.release(); block.release() # memory returns to its tier once no alias is left
 
-Design (details in block.py and allocator.py): pooled memory lives in slots, each with one
+Design (block.py, allocator.py, ledger.py): pooled memory lives in slots, each with one
 storage and one persistent tensor reused by every handout of that shape; on release the slot goes
 back to its pool only if the tensor's and the storage's reference counts show nothing else holds
 them (no view, raw alias, storage object, capsule or autograd saved tensor); otherwise it waits on

@@ -1,7 +1,7 @@
 """Paged KV: page tables over the page pool (kv_pool.py), with prefix reuse.
 
-`SequenceKV` is what the models read and write: the pool tensor, the sequence's page table
-(`page_ids`, token i lives in page_ids[i // page_size] at slot i % page_size) and its cursor.
+`SequenceKV` (kv_pool.py) is what the models read and write: the pool tensor, the sequence's page
+table (`page_ids`, token i lives in page_ids[i // page_size] at slot i % page_size) and its cursor.
 A model's forward writes the new tokens' K/V at positions [num_tokens, num_tokens + n) and
 attends over [0, num_tokens + n); the caller then calls `advance(n)` once. The model never
 advances the cursor itself, so every layer of one forward sees the same `num_tokens`.
@@ -26,118 +26,26 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
 from runtime.errors import ConfigError
-from runtime.memory.kv_pool import PagePool, page_key, salt_root
+from runtime.memory.gather_scratch import GatherScratch
+from runtime.memory.kv_pool import (
+    PagePool,
+    PrefixProbe,
+    SequenceKV,
+    TokenSlice,
+    page_key,
+    salt_root,
+)
 from runtime.memory.kv_report import pool_rows
 from runtime.memory.stats import KVCacheStats
 
 if TYPE_CHECKING:
     from runtime.memory import Allocator, LiveBlock
-
-TokenSlice = Callable[[int, int], Sequence[int]]  # (start, end) -> the sequence's token ids
-
-
-# The buffer the batched attention gathers pages into, reused by every layer and every step.
-#
-# Why reused: a step's gather is megabytes (rows x pages x page bytes, keys and values); a fresh
-# tensor of that size per layer is fresh memory from the OS each time on CPU (page faults: measured
-# ~2x the copy itself). One buffer per KV cache (one forward runs at a time per engine) grows to the
-# largest gather seen (a quarter more, so a slowly growing batch does not regrow it every step) and
-# is kept until the cache closes: given back whenever the engine idled, it was allocated and
-# faulted in again at every burst (the soak saw RSS swing by its size).
-#
-# Why not an allocator block: it is working memory of the forward, like the activations, not KV
-# that someone holds; in the allocator it would sit on top of the page pool (which is the whole KV
-# budget, `fastllm_memory_total{type="allocator"}`) and grow with the largest batch seen, which is
-# exactly what the memory-growth alert watches the allocator for. It shows in the process RSS.
-class GatherScratch:
-    """The buffer the batched attention gathers pages into, reused by every layer and step."""
-
-    def __init__(self, dtype: torch.dtype, device: torch.device) -> None:
-        self.dtype, self.device = dtype, device
-        self._buffer: torch.Tensor | None = None
-        self._lock = threading.Lock()
-
-    @property
-    def nbytes(self) -> int:
-        buffer = self._buffer
-        return 0 if buffer is None else buffer.numel() * buffer.element_size()
-
-    def take(self, numel: int) -> torch.Tensor:
-        """A 1-D tensor of `numel` elements (contents undefined), valid until `release`."""
-        with self._lock:
-            buffer = self._buffer
-            if buffer is None or buffer.numel() < numel:
-                self._buffer = None  # the old one goes before the new one is made
-                del buffer
-                buffer = self._buffer = torch.empty(
-                    numel + numel // 4, dtype=self.dtype, device=self.device
-                )
-            return buffer[:numel]
-
-    def release(self) -> None:
-        with self._lock:
-            self._buffer = None
-
-
-@dataclass(frozen=True)
-class PrefixProbe:
-    """The cached prefix a sequence would start from, found without holding it."""
-
-    num_tokens: int  # tokens of K/V already stored (whole pages)
-    # of its pages, those no sequence holds now: `num_available_pages` counts them as room, and
-    # holding them for the prefix takes them out of it
-    num_idle_pages: int
-
-
-class SequenceKV:
-    def __init__(
-        self, data: torch.Tensor, seq_id: str = "", scratch: GatherScratch | None = None
-    ) -> None:
-        self.data = data  # the pool: [num_layers, 2, kv_heads, num_pages, page_size, head_dim]
-        self.page_size = int(data.shape[4])
-        self.seq_id = seq_id
-        self.page_ids: list[int] = []  # the page table
-        self.num_tokens = 0  # tokens whose K/V are already stored
-        self.keys: list[bytes] = []  # prefix keys of the first len(keys) pages (all full)
-        self.num_cached_tokens = 0  # tokens found in the prefix cache when allocated
-        self.salt_key = b""  # what the first page's key chains from (kv_pool.salt_root)
-        self.born_s = time.monotonic()
-        self.scratch = scratch  # the cache's gather buffer (runtime.models.paged_attention)
-
-    @classmethod
-    def empty(
-        cls,
-        num_layers: int,
-        num_kv_heads: int,
-        head_dim: int,
-        capacity: int,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-        page_size: int = 16,
-    ) -> SequenceKV:
-        """A pool of its own outside any allocator, with pages for `capacity` tokens (warm-up,
-        `fastllm doctor`, tests). Page 0 is the zero page, as in a real pool."""
-        num_pages = 1 + -(-capacity // page_size)
-        shape = (num_layers, 2, num_kv_heads, num_pages, page_size, head_dim)
-        kv = cls(torch.zeros(shape, dtype=dtype, device=device))
-        kv.page_ids = list(range(1, num_pages))
-        return kv
-
-    @property
-    def capacity(self) -> int:
-        return len(self.page_ids) * self.page_size
-
-    def advance(self, n: int) -> None:
-        if self.num_tokens + n > self.capacity:
-            raise ValueError(f"KV overflow: {self.num_tokens} + {n} > capacity {self.capacity}")
-        self.num_tokens += n
 
 
 class KVCache:

@@ -1,4 +1,5 @@
-"""The page pool: fixed-size KV pages in one tensor, and the prefix index over full pages.
+"""The page pool: fixed-size KV pages in one tensor, the prefix index over full pages, and the
+page tables into it (`SequenceKV`, what the models read and write; kv_cache.py has the verbs).
 
     data[num_layers, 2, num_kv_heads, num_pages, page_size, head_dim]    (0 = keys, 1 = values)
 
@@ -28,13 +29,20 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import time
 from array import array
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
+if TYPE_CHECKING:
+    from runtime.memory.gather_scratch import GatherScratch
+
 ZERO_PAGE = 0
+TokenSlice = Callable[[int, int], Sequence[int]]  # (start, end) -> the sequence's token ids
 
 
 def page_key(prev_key: bytes, token_ids: Sequence[int], model_version: str) -> bytes:
@@ -174,3 +182,57 @@ class PagePool:
             heapq.heappush(self._free, page)
         self._lru.clear()
         return len(dropped)
+
+
+@dataclass(frozen=True)
+class PrefixProbe:
+    """The cached prefix a sequence would start from, found without holding it."""
+
+    num_tokens: int  # tokens of K/V already stored (whole pages)
+    # of its pages, those no sequence holds now: `num_available_pages` counts them as room, and
+    # holding them for the prefix takes them out of it
+    num_idle_pages: int
+
+
+class SequenceKV:
+    def __init__(
+        self, data: torch.Tensor, seq_id: str = "", scratch: GatherScratch | None = None
+    ) -> None:
+        self.data = data  # the pool: [num_layers, 2, kv_heads, num_pages, page_size, head_dim]
+        self.page_size = int(data.shape[4])
+        self.seq_id = seq_id
+        self.page_ids: list[int] = []  # the page table
+        self.num_tokens = 0  # tokens whose K/V are already stored
+        self.keys: list[bytes] = []  # prefix keys of the first len(keys) pages (all full)
+        self.num_cached_tokens = 0  # tokens found in the prefix cache when allocated
+        self.salt_key = b""  # what the first page's key chains from (kv_pool.salt_root)
+        self.born_s = time.monotonic()
+        self.scratch = scratch  # the cache's gather buffer (runtime.models.batch_plan.attend)
+
+    @classmethod
+    def empty(
+        cls,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        page_size: int = 16,
+    ) -> SequenceKV:
+        """A pool of its own outside any allocator, with pages for `capacity` tokens (warm-up,
+        `fastllm doctor`, tests). Page 0 is the zero page, as in a real pool."""
+        num_pages = 1 + -(-capacity // page_size)
+        shape = (num_layers, 2, num_kv_heads, num_pages, page_size, head_dim)
+        kv = cls(torch.zeros(shape, dtype=dtype, device=device))
+        kv.page_ids = list(range(1, num_pages))
+        return kv
+
+    @property
+    def capacity(self) -> int:
+        return len(self.page_ids) * self.page_size
+
+    def advance(self, n: int) -> None:
+        if self.num_tokens + n > self.capacity:
+            raise ValueError(f"KV overflow: {self.num_tokens} + {n} > capacity {self.capacity}")
+        self.num_tokens += n

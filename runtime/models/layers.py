@@ -5,7 +5,7 @@ A layer is the fused sequence, on the whole packed batch [T, H] at once:
 
     q, k, v = attn_in(x, cos, sin)          # RMSNorm, one QKV GEMM, q and k rotated in one call
     attn    = attn.attend(q, k, v, plan)    # KV write + one attention call over every sequence's
-                                            # pages (runtime.models.paged_attention)
+                                            # pages (runtime.models.batch_plan.attend)
     x       = attn_out_mlp(x, attn)         # o_proj with the residual add inside the GEMM,
                                             # RMSNorm, one gate/up GEMM, the gated activation,
                                             # down_proj + residual in one GEMM; x in place
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from runtime.models import ops, paged_attention
+from runtime.models import batch_plan, ops
 from runtime.models.config import ModelArgs
 
 if TYPE_CHECKING:
@@ -108,9 +108,9 @@ class Attention(nn.Module):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, plan: BatchPlan) -> Tensor:
         """The attention core: q [T, Hq, D], k/v [T, Hkv, D] rotated -> [T, q_size] (before
-        o_proj). Stores the new tokens' K/V in their pages first (models.paged_attention).
+        o_proj). Stores the new tokens' K/V in their pages first (models.batch_plan.attend).
         Never captured or compiled: its shapes change every step (runtime.models.fast)."""
-        out = paged_attention.attend(plan, self.layer_idx, q, k, v)  # [T, num_heads, head_dim]
+        out = batch_plan.attend(plan, self.layer_idx, q, k, v)  # [T, num_heads, head_dim]
         return out.reshape(q.shape[0], self.args.q_size)
 
 

@@ -140,7 +140,7 @@ def attention_ref(q: Tensor, k: Tensor, v: Tensor, *, causal_offset: int) -> Ten
 
 
 def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-    """A padded batch of rows (runtime.models.paged_attention). q [R, Hkv, M, D]; k, v
+    """A padded batch of rows (runtime.models.batch_plan.attend). q [R, Hkv, M, D]; k, v
     [R, Hkv, L, D] (any strides); mask [R, 1, M or 1, L] bool, True = attend, at least one True
     per query row. -> [R, Hkv, M, D]. M folds the query heads of a kv head with the row's
     queries, so no K/V expansion."""

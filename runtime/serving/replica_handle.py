@@ -12,10 +12,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 
-from runtime.engine.request import RequestHandle, TokenOutput
+from runtime.engine.request import (
+    GenerationRequest,
+    RequestHandle,
+    TokenOutput,
+    ValidatedRequest,
+)
+from runtime.engine.stats import FinishReason, RequestStats
+from runtime.errors import FastllmError
 
-__all__ = ["ReplicaHandle"]
+__all__ = ["QueuedRequest", "ReplicaHandle", "unreached_output"]
 
 
 class ReplicaHandle(RequestHandle):
@@ -112,3 +120,38 @@ class ReplicaHandle(RequestHandle):
         await self._await_ready()
         inner = self.inner
         return await (inner.aresult() if inner is not None else super().aresult())
+
+
+@dataclass
+class QueuedRequest:
+    """A request on the set's deques: what a replica admits, and the handle its caller holds."""
+
+    validated: ValidatedRequest  # what the replica that takes it admits
+    handle: ReplicaHandle
+
+    @property
+    def request(self) -> GenerationRequest:
+        return self.validated.request
+
+    @property
+    def stats(self) -> RequestStats:  # recorded here only if no replica ever gets the request
+        return self.validated.stats
+
+
+def unreached_output(
+    item: QueuedRequest,
+    *,
+    finished_reason: FinishReason | None = None,
+    error: FastllmError | None = None,
+) -> TokenOutput:
+    """The final output of a request no replica admitted (cancelled while queued, refused by
+    its replica, failed at shutdown)."""
+    return TokenOutput(
+        request_id=item.request.request_id,
+        token_ids=[],
+        text="",
+        finished_reason=finished_reason,
+        prompt_tokens=item.stats.prompt_tokens,
+        completion_tokens=0,
+        error=error,
+    )

@@ -22,22 +22,17 @@ import asyncio
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from runtime.engine.batching.controller import BatchPolicyConfig
 from runtime.engine.engine import EmbeddingResult, Engine, EngineConfig
 from runtime.engine.request import (
     GenerationRequest,
     RequestHandle,
-    TokenOutput,
     ValidatedRequest,
 )
 from runtime.engine.stats import (
-    AllocatorStats,
     FailureReason,
     FinishReason,
-    KVCacheStats,
     RequestStats,
     StatsSink,
 )
@@ -48,35 +43,20 @@ from runtime.errors import (
     Overloaded,
     ServiceUnavailable,
 )
-from runtime.memory import LiveBlock
 from runtime.models.loader import LoadedModel
 from runtime.models.tokenizer import Tokenizer
-from runtime.serving.replica_handle import ReplicaHandle
-from runtime.serving.work_queues import PoolConfig, PoolStats, StealingQueues
-
-if TYPE_CHECKING:
-    from runtime.engine.client import SequenceVerifier
+from runtime.serving.replica_handle import QueuedRequest, ReplicaHandle, unreached_output
+from runtime.serving.replica_introspection import ReplicaIntrospection
+from runtime.serving.work_queues import PoolConfig, StealingQueues
 
 __all__ = ["ReplicaSet"]
 
 POLL_S = 0.005  # how often a feeder whose engine is full looks again (engines do not notify)
 
 
-@dataclass
-class _Queued:
-    validated: ValidatedRequest  # what the replica that takes it admits
-    handle: ReplicaHandle
+class ReplicaSet(ReplicaIntrospection):
+    """Control and figures (batch policy, stats, reports) in replica_introspection.py."""
 
-    @property
-    def request(self) -> GenerationRequest:
-        return self.validated.request
-
-    @property
-    def stats(self) -> RequestStats:  # recorded here only if no replica ever gets the request
-        return self.validated.stats
-
-
-class ReplicaSet:
     def __init__(
         self,
         replicas: Sequence[Engine],
@@ -99,9 +79,10 @@ class ReplicaSet:
             max_queued=max_queued,
             record_limit=256,
         )
-        self.queues: StealingQueues[_Queued] = StealingQueues(config)
+        self.queues: StealingQueues[QueuedRequest] = StealingQueues(config)
         self._lock = threading.Lock()
-        self._queued: dict[str, _Queued] = {}  # submitted, not yet bound to an engine's handle
+        # submitted, not yet bound to an engine's handle
+        self._queued: dict[str, QueuedRequest] = {}
         self._feeders: list[threading.Thread] = []
         self._abort = threading.Event()
         self._draining = False
@@ -161,7 +142,7 @@ class ReplicaSet:
         validated = self._validate(request)
         stats = validated.stats
         handle = ReplicaHandle(request.request_id, self.cancel)
-        item = _Queued(validated, handle)
+        item = QueuedRequest(validated, handle)
         refusal: Overloaded | None = None
         with self._lock:
             if request.request_id in self._queued:
@@ -194,7 +175,7 @@ class ReplicaSet:
         with self._lock:
             item = self._queued.get(request_id)
         if item is not None:
-            final = _final(item, finished_reason=FinishReason.CANCELLED)
+            final = unreached_output(item, finished_reason=FinishReason.CANCELLED)
             if item.handle.end_unbound(final):
                 self._record(item.stats, finished_reason=FinishReason.CANCELLED)
                 return True
@@ -226,7 +207,7 @@ class ReplicaSet:
             finally:
                 self.queues.done(index)
 
-    def _dispatch(self, engine: Engine, item: _Queued) -> None:
+    def _dispatch(self, engine: Engine, item: QueuedRequest) -> None:
         rid = item.request.request_id
         try:
             if item.handle.finished:
@@ -234,7 +215,7 @@ class ReplicaSet:
             try:
                 inner = engine.admit(item.validated)
             except FastllmError as exc:  # e.g. the replica shut down: end the caller's stream
-                is_ended = item.handle.end_unbound(_final(item, error=exc))
+                is_ended = item.handle.end_unbound(unreached_output(item, error=exc))
                 if is_ended and not isinstance(exc, Overloaded):  # the engine records those
                     self._record(item.stats, failure_reason=FailureReason.INTERNAL)
                 return
@@ -244,25 +225,6 @@ class ReplicaSet:
             with self._lock:
                 self._queued.pop(rid, None)
 
-    @property
-    def num_steals(self) -> int:
-        """Requests a replica took from another replica's deque (fastllm_scheduler_steals_total).
-        Read from the pool's own counter, under its lock."""
-        return self.queues.stats().num_steals
-
-    def pool_stats(self) -> PoolStats:
-        return self.queues.stats()
-
-    # --- control and introspection ---------------------------------------------------------------
-    @property
-    def verifier(self) -> SequenceVerifier | None:
-        return self.replicas[0].verifier
-
-    @verifier.setter
-    def verifier(self, verifier: SequenceVerifier | None) -> None:
-        for engine in self.replicas:
-            engine.verifier = verifier
-
     def embed(self, texts: list[str], *, request_id: str | None = None) -> EmbeddingResult:
         if self._draining:
             raise ServiceUnavailable("the engine is shutting down", retry_after_s=5.0)
@@ -270,61 +232,6 @@ class ReplicaSet:
             engine = self.replicas[self._rr % len(self.replicas)]
             self._rr += 1
         return engine.embed(texts, request_id=request_id)
-
-    def set_batch_policy(self, min_util: float, max_util: float, step_size: float) -> None:
-        for engine in self.replicas:
-            engine.set_batch_policy(min_util, max_util, step_size)
-
-    @property
-    def batch_size_limit(self) -> int:
-        return sum(engine.batch_size_limit for engine in self.replicas)
-
-    @property
-    def batch_policy(self) -> BatchPolicyConfig:
-        return self.replicas[0].batch_policy  # set_batch_policy sets every replica alike
-
-    def _per_device(self) -> list[Engine]:
-        """One replica per device: replicas on one device share its allocator."""
-        seen: dict[str, Engine] = {}
-        for engine in self.replicas:
-            seen.setdefault(str(engine.loaded.device), engine)
-        return list(seen.values())
-
-    def allocator_stats(self) -> AllocatorStats:
-        """The first device's allocator (all replicas share it on one device)."""
-        return self.replicas[0].allocator_stats()
-
-    def leak_report(self) -> list[LiveBlock]:
-        return [block for engine in self._per_device() for block in engine.leak_report()]
-
-    def weight_bytes(self) -> dict[str, int]:
-        """Every replica's weights (each loads its own copy), by storage format."""
-        total: dict[str, int] = {}
-        for engine in self.replicas:
-            for fmt, nbytes in engine.weight_bytes().items():
-                total[fmt] = total.get(fmt, 0) + nbytes
-        return total
-
-    def kv_cache_stats(self) -> KVCacheStats:
-        """Every replica's page pool (each has its own) as one."""
-        return KVCacheStats.total([engine.kv_cache_stats() for engine in self.replicas])
-
-    @property
-    def num_running(self) -> int:
-        return sum(engine.num_running for engine in self.replicas)
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self.queues) + sum(engine.num_waiting for engine in self.replicas)
-
-    def busy_fraction(self) -> float | None:
-        values = [v for v in (e.busy_fraction() for e in self.replicas) if v is not None]
-        return sum(values) / len(values) if values else None
-
-    def utilization(self) -> float | None:
-        """Mean u of the replicas that have one (each replica's controller reads its own)."""
-        values = [v for v in (e.utilization() for e in self.replicas) if v is not None]
-        return sum(values) / len(values) if values else None
 
     def shutdown(self, drain_timeout_s: float = 0.0) -> None:
         """Stop admitting; queued requests get the grace to reach a replica (the rest fail with
@@ -340,7 +247,7 @@ class ReplicaSet:
             t.join()  # a feeder is at most one engine.submit (no model call) from exiting
         error = ServiceUnavailable("the engine shut down before the request was scheduled")
         for item in left:
-            if item.handle.end_unbound(_final(item, error=error)):
+            if item.handle.end_unbound(unreached_output(item, error=error)):
                 self._record(item.stats, failure_reason=FailureReason.INTERNAL)
         remaining = max(0.0, deadline - time.monotonic())
         stoppers = [
@@ -375,20 +282,6 @@ def replica_devices(device: str, num_replicas: int) -> list[str]:
     if device in ("auto", "cuda") and count > 1:
         return [f"cuda:{i % count}" for i in range(num_replicas)]
     return [device] * num_replicas
-
-
-def _final(
-    item: _Queued, *, finished_reason: FinishReason | None = None, error: FastllmError | None = None
-) -> TokenOutput:
-    return TokenOutput(
-        request_id=item.request.request_id,
-        token_ids=[],
-        text="",
-        finished_reason=finished_reason,
-        prompt_tokens=item.stats.prompt_tokens,
-        completion_tokens=0,
-        error=error,
-    )
 
 
 if TYPE_CHECKING:  # ReplicaSet implements the protocol the layers above are typed with

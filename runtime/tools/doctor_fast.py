@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from runtime.memory.kv_cache import SequenceKV
+from runtime.memory.kv_pool import SequenceKV
 from runtime.models.base import CausalLM, SeqSlice
 from runtime.models.fast.build import FastPathOptions, get_fast_path
 from runtime.models.loader import LoadedModel

@@ -77,7 +77,7 @@ def _attention(q: Tensor, k: Tensor, v: Tensor) -> tuple[float, float]:
 
 
 def _batched_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """The sequence as the one row of a padded batch, laid out as runtime.models.paged_attention
+    """The sequence as the one row of a padded batch, laid out as runtime.models.batch_plan.attend
     lays out a prefill row: a kv head's query heads folded with the queries, a causal mask."""
     num_heads, n, head_dim = q.shape
     num_kv_heads = k.shape[0]

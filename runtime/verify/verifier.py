@@ -3,17 +3,17 @@
     verifier = Verifier(fanout, sample_rate=settings.verify_sample_rate)
     engine = Engine(config, sink=fanout, verifier=verifier)    # one verifier may serve many engines
 
-The engine marks a request for verification at admission (`should_verify`: a hash of its id, so
-the choice is deterministic and a test can force rate 1.0); the model runner keeps the logit of
-each token it samples for such a request; when the request finishes normally the engine hands a
-`VerifyJob` to `submit`, which only puts it on a bounded queue (full: dropped and counted, never
-waited for). A worker thread then recomputes the request on the reference path (fp32, the
-`*_ref` ops; `runtime.verify.reference`), probes the fast ops against their references on one
-layer's inputs (`runtime.verify.probes`) and records every probe as a `VerificationResult` through
-the sink: the inference_log writer stores them (the logit probe on the request's own row), the
-Prometheus sink counts those beyond the per-dtype threshold. A failure here is logged and counted;
-it can never reach the request, which has already been answered. Under tensor parallelism the
-job's model is rank 0's shard: the reference gathers the other ranks' layers itself
+The engine marks a request for verification at admission (`should_verify`: a hash of its id, so the
+choice is deterministic and a test can force rate 1.0); the model runner keeps the logit of each
+token it samples for such a request; when the request finishes normally the engine hands a
+`VerifyJob` (jobs.py) to `submit`, which only puts it on a bounded queue (full: dropped and
+counted, never waited for). A worker thread then recomputes the request on the reference path
+(fp32, the `*_ref` ops; `runtime.verify.reference`), probes the fast ops against their references
+on one layer's inputs (`runtime.verify.probes`) and records every probe as a `VerificationResult`
+through the sink: the inference_log writer stores them (the logit probe on the request's own row),
+the Prometheus sink counts those beyond the per-dtype threshold. A failure here is logged and
+counted; it can never reach the request, which has already been answered. Under tensor parallelism
+the job's model is rank 0's shard: the reference gathers the other ranks' layers itself
 (runtime.models.parallel.gather).
 """
 
@@ -25,34 +25,25 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
 
-from runtime.engine.stats import FinishReason, StatsSink, VerificationResult
+from runtime.engine.stats import FinishReason, StatsSink
 from runtime.engine.threads import apply_num_threads
 from runtime.models.lora.weights import LoraWeights
-from runtime.verify.probes import probe_ops
-from runtime.verify.reference import reference_forward
-from runtime.verify.tolerance import (
-    QUANTIZED_THRESHOLDS,
-    chain_dtype,
-    default_threshold,
-    logit_tolerance,
-)
+from runtime.verify.jobs import VerifyJob, verify_jobs
 
 if TYPE_CHECKING:
     from runtime.config import Settings
     from runtime.engine.sequence import Sequence
     from runtime.models.base import CausalLM
 
-__all__ = ["Verifier", "VerifyJob", "is_sampled", "verify_jobs"]
+__all__ = ["Verifier", "is_sampled"]
 
 log = logging.getLogger(__name__)
 
-LOGIT_OP = "logit"
 # cancelled / failed requests are not checked
 _VERIFIED_REASONS = frozenset({FinishReason.STOP, FinishReason.LENGTH})
 
@@ -67,67 +58,11 @@ def is_sampled(request_id: str, rate: float) -> bool:
     return int.from_bytes(digest, "big") < rate * 2**64
 
 
-@dataclass(frozen=True)
-class VerifyJob:
-    """What the reference path needs from a finished request (no tensors of the engine's)."""
-
-    request_id: str
-    model_name: str  # `model` / `version` labels of the request's stats
-    version: str
-    model: CausalLM  # the production model: its weights are read, never written
-    dtype: torch.dtype  # the serving dtype (the per-op probes run the fast ops in it)
-    token_ids: tuple[int, ...]  # prompt + outputs but the last: what the final step saw
-    chosen_token_id: int  # the last output token
-    chosen_logit: float  # its production logit in the final step
-    lora: LoraWeights | None = None  # the LoRA adapter it was served with (None: the base)
-
-
-def verify_jobs(jobs: list[VerifyJob], threshold: float | None = None) -> list[VerificationResult]:
-    """Jobs of one model and dtype, verified in one packed reference forward: per job the logit
-    probe, then one probe per op, each with the tolerance it is to be checked against.
-    `threshold`: the base (runtime.verify.tolerance); None: the default for the dtype and the
-    model's quantization."""
-    from runtime.models.quantize import is_quantized
-
-    model, dtype = jobs[0].model, jobs[0].dtype
-    quantized = is_quantized(model)
-    if threshold is None:
-        threshold = default_threshold(str(dtype), _quantization(model) if quantized else None)
-    logit_dtype = chain_dtype(dtype, is_quantized=quantized)
-    assert all(j.model is model and j.dtype == dtype for j in jobs), "one model per call"
-    digest = hashlib.blake2b(jobs[0].request_id.encode(), digest_size=4).digest()
-    layer = int.from_bytes(digest, "big") % model.args.num_layers  # spread over the layers
-    seqs = [(job.token_ids, job.chosen_token_id) for job in jobs]
-    adapters = [job.lora for job in jobs] if any(job.lora for job in jobs) else None
-    ref = reference_forward(model, seqs, capture_layer=layer, adapters=adapters)
-    per_op = probe_ops(ref.inputs, dtype)
-    now = time.time()
-    results = []
-    for job, expected_logit, probes in zip(jobs, ref.chosen_logits, per_op, strict=True):
-        for op, output, expected in [(LOGIT_OP, job.chosen_logit, expected_logit), *probes]:
-            bound = (
-                logit_tolerance(threshold, logit_dtype, expected) if op == LOGIT_OP else threshold
-            )
-            results.append(
-                VerificationResult(
-                    job.request_id, job.model_name, job.version, op, output, expected, now, bound
-                )
-            )
-    return results
-
-
 def _adapter_of(seq: Sequence) -> LoraWeights | None:
     """The LoRA weights the sequence was served with (the reference applies them too)."""
     features = getattr(seq, "features", None)  # a stand-in sequence may have no slot at all
     lora = None if features is None else features.lora
     return None if lora is None else lora.weights
-
-
-def _quantization(model: nn.Module) -> str:
-    """The method of the model's quantized layers whose default threshold is loosest (a GGUF
-    model may hold several; `settings.quantization` says nothing of weights kept packed)."""
-    methods = {getattr(m, "method", None) for m in model.modules()} & set(QUANTIZED_THRESHOLDS)
-    return max(sorted(m for m in methods if m), key=QUANTIZED_THRESHOLDS.__getitem__)
 
 
 class Verifier:

@@ -10,7 +10,7 @@ import pytest
 from alerts.errors import AlertRuleError
 from alerts.promql.scale import selected_names
 from alerts.rules import load_rules, parse_rules
-from monitoring.metrics import CONTRACT_METRIC_NAMES, OPTIONAL_METRIC_NAMES
+from monitoring.metric_names import CONTRACT_METRIC_NAMES, OPTIONAL_METRIC_NAMES
 
 ROOT = Path(__file__).parents[2]
 RULES = load_rules()[0].rules

@@ -13,7 +13,8 @@ import torch
 
 from bench import peer
 from bench.gguf_export import pair_rope_rows, write_gguf
-from bench.peer_workers import _prompt_logits, llama_cpp_runner, matching_side, pick_binding
+from bench.peer_llama_cpp import pick_binding
+from bench.peer_workers import _prompt_logits, llama_cpp_runner, matching_side
 from runtime.models import ops
 from tests.runtime.models.builders import build_llama
 

@@ -19,7 +19,7 @@ from dashboards.queries import (
     variable_queries,
 )
 from monitoring.lora_metrics import LORA_METRIC_NAMES
-from monitoring.metrics import CONTRACT_METRIC_NAMES
+from monitoring.metric_names import CONTRACT_METRIC_NAMES
 
 PROVISIONED = GENERATED_DIR.parent.parent / "deploy/grafana/provisioning/datasources/fastllm.yml"
 EXTRA_NAMES = {"ALERTS", "up"}  # Prometheus' own series

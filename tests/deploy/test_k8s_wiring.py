@@ -15,7 +15,7 @@ import pytest
 
 from alerts.promql import parse
 from alerts.promql.scale import selected_names
-from monitoring.metrics import CONTRACT_METRIC_NAMES
+from monitoring.metric_names import CONTRACT_METRIC_NAMES
 from runtime.config import Settings
 from tests.deploy import k8s
 

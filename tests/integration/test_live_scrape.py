@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from monitoring.metrics import CONTRACT_METRIC_NAMES
+from monitoring.metric_names import CONTRACT_METRIC_NAMES
 from tests.fixtures.prometheus import PromHandle, check_metrics
 from tests.integration.support import MODEL, live_runtime, runtime_settings
 

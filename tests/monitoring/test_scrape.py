@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitoring.metrics import CONTRACT_METRIC_NAMES
+from monitoring.metric_names import CONTRACT_METRIC_NAMES
 from monitoring.wiring import Monitoring, create_monitoring
 from runtime.config import Settings
 from tests.fixtures.prometheus import PromHandle, check_metrics

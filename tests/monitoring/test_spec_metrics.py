@@ -12,7 +12,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from monitoring.spec_metrics import SpecDecodeMetrics, SpecDecodeSink
-from monitoring.tracing import TracingSink, create_tracer_provider
+from monitoring.tracer_provider import create_tracer_provider
+from monitoring.tracing import TracingSink
 from tests.monitoring import synthetic as syn
 
 

@@ -8,7 +8,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from monitoring.tracing import TracingSink, create_tracer_provider, request_attributes
+from monitoring.tracer_provider import create_tracer_provider
+from monitoring.tracing import TracingSink, request_attributes
 from tests.monitoring import synthetic as syn
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"

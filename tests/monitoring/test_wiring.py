@@ -9,7 +9,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from monitoring.tracing import TracingSink, create_tracer_provider, request_attributes
+from monitoring.tracer_provider import create_tracer_provider
+from monitoring.tracing import TracingSink, request_attributes
 from monitoring.wiring import create_monitoring, package_version
 from runtime.config import Settings
 from runtime.engine.stats import FanOut

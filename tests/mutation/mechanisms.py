@@ -32,6 +32,7 @@ MECHANISMS: tuple[Mechanism, ...] = (
         "allocator",
         files=(
             "runtime/memory/allocator.py",
+            "runtime/memory/ledger.py",
             "runtime/memory/block.py",
             "runtime/memory/tiers.py",
         ),

@@ -8,5 +8,5 @@ curve.py        the fitted curve: knots moved to a mix, the best throughput, the
 fit.py          the least-squares helpers (non-negative slopes)
 warmup.py       the load-time sweep of batch sizes that seeds the model
 utilization.py  the source protocols, the busy-fraction tracker, a fake source for tests
-(batch_goal, the trade-off as one word mapped to a band, is in runtime.config: settings use it)
+(batch_goal, the trade-off as one word mapped to a band, is in runtime.settings.engine)
 """

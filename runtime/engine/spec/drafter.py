@@ -25,7 +25,8 @@ import torch
 
 from runtime.engine.spec.controls import control_rows
 from runtime.errors import ConfigError
-from runtime.memory.kv_cache import KVCache, SequenceKV
+from runtime.memory.kv_cache import KVCache
+from runtime.memory.kv_pool import SequenceKV
 from runtime.models.base import CausalLM, SeqSlice
 from runtime.models.quantize import PROJECTIONS, quantize_head, quantize_model
 

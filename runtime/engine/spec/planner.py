@@ -25,7 +25,7 @@ from runtime.engine.spec.state import SpecState
 if TYPE_CHECKING:
     from runtime.engine.scheduled import ScheduledSeq, SchedulerOutput
     from runtime.engine.sequence import Sequence
-    from runtime.memory.kv_cache import SequenceKV, TokenSlice
+    from runtime.memory.kv_pool import SequenceKV, TokenSlice
 
 __all__ = ["Speculator", "spec_eligible"]
 

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.memory.kv_cache import GatherScratch, SequenceKV
+from runtime.memory.gather_scratch import GatherScratch
+from runtime.memory.kv_pool import SequenceKV
 from runtime.models.batch_plan import SeqSlice
 
 

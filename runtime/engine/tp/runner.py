@@ -22,7 +22,8 @@ from runtime.engine.model_runner import ModelRunner, StepOutput
 from runtime.engine.scheduled import SchedulerOutput
 from runtime.engine.tp.messages import PoolSpec, StepMessage
 from runtime.engine.tp.world import TPWorld
-from runtime.memory.kv_cache import KVCache, SequenceKV
+from runtime.memory.kv_cache import KVCache
+from runtime.memory.kv_pool import SequenceKV
 from runtime.models.batch_plan import SeqSlice
 from runtime.models.loader import LoadedModel
 from runtime.models.parallel.comm import CollectiveError

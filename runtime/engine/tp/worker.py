@@ -22,7 +22,7 @@ import torch
 
 from runtime.engine.tp import group
 from runtime.engine.tp.messages import SHUTDOWN, PoolSpec, StepMessage, WorkerPool, WorkerSpec
-from runtime.memory.kv_cache import GatherScratch
+from runtime.memory.gather_scratch import GatherScratch
 from runtime.models.parallel.load import load_shard
 from runtime.models.parallel.shard import ShardSpec
 

@@ -40,7 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from runtime.errors import ConfigError
-from runtime.memory.kv_cache import SequenceKV
+from runtime.memory.kv_pool import SequenceKV
 from runtime.models.base import CausalLM
 from runtime.models.batch_plan import SeqSlice
 from runtime.models.fast.compile_cache import inductor_cache_dir, model_cache_dir

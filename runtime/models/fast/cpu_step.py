@@ -45,8 +45,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from runtime.memory.kv_cache import SequenceKV
-from runtime.models import paged_attention
+from runtime.memory.kv_pool import SequenceKV
+from runtime.models import batch_plan
 from runtime.models.base import CausalLM
 from runtime.models.batch_plan import BatchPlan, SeqSlice
 from runtime.models.fast import precompiled
@@ -66,7 +66,7 @@ def paged_attend(q: Tensor, k: Tensor, v: Tensor, layer_idx: int) -> Tensor:
     """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq * D]; writes k/v into the pages of the step in
     flight (declared pure: the pages are not graph values, and nothing in the graph reads them)."""
     plan: BatchPlan = _in_flight.plan
-    out = paged_attention.attend(plan, layer_idx, q, k, v)
+    out = batch_plan.attend(plan, layer_idx, q, k, v)
     return out.reshape(q.shape[0], q.shape[1] * q.shape[2])
 
 

@@ -20,7 +20,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from runtime.engine.constraints import ConstraintSpec
-from runtime.engine.request import TokenOutput
 from runtime.engine.sampling import SamplingParams
 from runtime.errors import InvalidRequestError
 from runtime.server.errors import ERROR_RESPONSES
@@ -29,6 +28,7 @@ from runtime.server.openai import choices
 from runtime.server.openai import generate as gen
 from runtime.server.openai.batch_fit import check_batch_fits, check_prompts_fit
 from runtime.server.openai.choice_logprobs import ChatChoiceLogprobs, CompletionChoiceShapers
+from runtime.server.openai.chunks import STREAMED, chunker, rich_chunker
 from runtime.server.openai.controls import (
     chat_logprob_fields,
     completion_logprob_fields,
@@ -54,27 +54,12 @@ from runtime.serving.router import Route
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
-_STREAMED: dict[int | str, dict[str, Any]] = {
-    200: {
-        "description": "the completion, or with `stream: true` server-sent events",
-        "content": {
-            "text/event-stream": {
-                # one server-sent event: `data` is a chunk's JSON, an error's JSON, or "[DONE]"
-                "schema": {
-                    "type": "object",
-                    "properties": {"event": {"type": "string"}, "data": {"type": "string"}},
-                    "required": ["data"],
-                }
-            }
-        },
-    }
-}
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 CHAT_DEFAULT_MAX_TOKENS = 256
 
 
 @router.post(
-    "/completions", response_model=CompletionResponse, responses={**ERROR_RESPONSES, **_STREAMED}
+    "/completions", response_model=CompletionResponse, responses={**ERROR_RESPONSES, **STREAMED}
 )
 async def create_completion(body: CompletionRequest, request: Request) -> Any:
     rid = gen.begin(request, "cmpl", body.model, "text_completion")
@@ -115,8 +100,8 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
         shapers = CompletionChoiceShapers(tokenizer, body, prompts)
     counted = body.max_tokens != 0  # max_tokens 0: the sampled token is left out, not counted
     if body.stream:
-        chunk = _chunker(base, lambda text: {"text": text})
-        rich = None if shapers is None else _rich(chunk, shapers.shape)
+        chunk = chunker(base, lambda text: {"text": text})
+        rich = None if shapers is None else rich_chunker(chunk, shapers.shape)
         usage = gen.usage_chunk_builder(base, counted) if body.include_usage else None
         events = run.events(gen.Chunks(chunk, usage=usage, rich=rich))
         return EventStream(events, on_close=run.cancel)
@@ -147,7 +132,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
 @router.post(
     "/chat/completions",
     response_model=ChatCompletionResponse,
-    responses={**ERROR_RESPONSES, **_STREAMED},
+    responses={**ERROR_RESPONSES, **STREAMED},
 )
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Any:
     rid = gen.begin(request, "chatcmpl", body.model, "chat")
@@ -197,11 +182,11 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
             sub = run.submitted
             events = tool_events(sub.handle, sub.cancel, plan, base, usage=usage)
             return EventStream(events, on_close=run.cancel)
-        chunk = _chunker(base, lambda text: {"delta": {"content": text} if text else {}})
+        chunk = chunker(base, lambda text: {"delta": {"content": text} if text else {}})
         rich = None
         if logprobs is not None:
-            rich = _rich(chunk, lambda _, outputs, text: (text, logprobs.of(outputs)))
-        first = _chunker(base, lambda _: {"delta": {"role": "assistant", "content": ""}})
+            rich = rich_chunker(chunk, lambda _, outputs, text: (text, logprobs.of(outputs)))
+        first = chunker(base, lambda _: {"delta": {"role": "assistant", "content": ""}})
         events = run.events(gen.Chunks(chunk, lambda i: first(i, "", None), usage, rich))
         return EventStream(events, on_close=run.cancel)
     joined = await run.join(request)
@@ -269,37 +254,6 @@ def _start(
 
 def _base(rid: str, created: int, model: str, obj: str) -> Callable[[], dict[str, Any]]:
     return lambda: {"id": rid, "object": obj, "created": created, "model": model}
-
-
-def _chunker(
-    base: Callable[[], dict[str, Any]], part: Callable[[str], dict[str, Any]]
-) -> gen.IndexedChunk:
-    """A streamed chunk of one choice: `part` is its text as the endpoint sends it."""
-
-    def chunk(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
-        payload = base()
-        choice = {"index": index, **part(text), "finish_reason": finish_reason, "logprobs": None}
-        payload["choices"] = [choice]
-        return payload
-
-    return chunk
-
-
-def _rich(
-    chunk: gen.IndexedChunk,
-    shape: Callable[[int, list[TokenOutput], str], tuple[str, dict[str, Any] | None]],
-) -> gen.IndexedOutputsChunk:
-    """The chunk of a choice's outputs with their logprobs (and echo): `shape` gives both."""
-
-    def rich(
-        index: int, outputs: list[TokenOutput], text: str, finish_reason: str | None
-    ) -> dict[str, Any]:
-        text, logprobs = shape(index, outputs, text)
-        payload = chunk(index, text, finish_reason)
-        payload["choices"][0]["logprobs"] = logprobs
-        return payload
-
-    return rich
 
 
 @router.post("/embeddings", response_model=EmbeddingResponse, responses=ERROR_RESPONSES)

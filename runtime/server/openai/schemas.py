@@ -5,12 +5,8 @@ Requests are strict (`"5"` is not an integer) and ignore unknown fields, as Open
 servers do, so clients that send extra parameters keep working; OpenAI's own fields that this
 server does not implement (suffix, functions, ...) are refused unless sent with
 their neutral value (runtime.server.openai.unsupported). These models are also what /openapi.json
-documents, so schemathesis generates cases from exactly these rules.
-
-Chat content may be a list of parts (what current OpenAI SDK examples, LangChain and benchmark
-tools send): `[{"type": "text", "text": "..."}, ...]`. Text parts are joined with a newline, as
-vLLM joins them; any other part type (image_url, input_audio, file, ...) is a 400 naming the type,
-since this server runs text models only.
+documents, so schemathesis generates cases from exactly these rules. Chat content as a list of
+text parts is runtime.server.openai.content_parts'.
 """
 
 from __future__ import annotations
@@ -26,10 +22,10 @@ from pydantic import (
     WithJsonSchema,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
 
 from runtime.engine.sampling import MAX_CHOICES
 from runtime.engine.sampling.checks import MAX_LOGIT_BIAS, MAX_LOGPROBS, PENALTY_BOUNDS
+from runtime.server.openai.content_parts import ContentParts
 from runtime.server.openai.features import (
     CHAT_LOGPROBS,
     COMPLETION_LOGPROBS,
@@ -43,7 +39,6 @@ from runtime.server.openai.unsupported import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
     EMBEDDING_FIELDS,
-    UNSUPPORTED,
     refuse_unsupported,
 )
 
@@ -234,39 +229,9 @@ class CompletionRequest(_Sampling):
         return COMPLETION_LOGPROBS
 
 
-# chat content as a list of parts (the module's docstring)
-MAX_PARTS = 256
-
-
-class TextPart(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
-
-    type: Literal["text"]
-    text: str
-
-
-def _refuse_other_parts(value: Any) -> Any:
-    if isinstance(value, list):
-        for part in value:
-            kind = part.get("type") if isinstance(part, dict) else None
-            if isinstance(kind, str) and kind != "text":
-                raise PydanticCustomError(
-                    UNSUPPORTED,
-                    "content part type '{part_type}' is not supported by this server "
-                    "(only text parts)",
-                    {"field": "messages", "part_type": kind[:64]},
-                )
-    return value
-
-
-ContentParts = Annotated[
-    list[TextPart], Field(min_length=1, max_length=MAX_PARTS), BeforeValidator(_refuse_other_parts)
-]
-
-
 class ChatMessage(_Request):
     role: Literal["system", "user", "assistant", "tool"]
-    # a list of text parts is joined (ContentParts above); None: an assistant turn that
+    # a list of text parts is joined (ContentParts, content_parts.py); None: an assistant turn that
     # only called tools
     content: str | ContentParts | None = None
     # an assistant turn's calls (runtime.server.openai.tools)
@@ -317,12 +282,6 @@ class EmbeddingRequest(_Request):
     input: NonEmptyStr | Annotated[list[NonEmptyStr], Field(min_length=1, max_length=256)]
     encoding_format: Literal["float", "base64"] = "float"
     user: str | None = Field(None, max_length=256)
-
-
-class BatchPolicyRequest(_Request):
-    min_util: float = Field(ge=0.0, le=1.0)
-    max_util: float = Field(ge=0.0, le=1.0)
-    step_size: float = Field(gt=0.0, le=1.0)
 
 
 class ErrorBody(BaseModel):

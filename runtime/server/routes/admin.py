@@ -7,14 +7,13 @@ from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-from runtime.config import BatchGoal, band_for
 from runtime.errors import ServiceUnavailable
 from runtime.server.auth import require_admin
 from runtime.server.errors import ErrorResponse
-from runtime.server.openai.schemas import BatchPolicyRequest
 from runtime.server.state import get_state
+from runtime.settings.engine import BatchGoal, band_for
 
 _ADMIN_ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "invalid policy"},
@@ -25,6 +24,14 @@ _ADMIN_ERRORS: dict[int | str, dict[str, Any]] = {
 router = APIRouter(
     prefix="/admin", tags=["admin"], dependencies=[Depends(require_admin)], responses=_ADMIN_ERRORS
 )
+
+
+class BatchPolicyRequest(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")  # as the API's bodies
+
+    min_util: float = Field(ge=0.0, le=1.0)
+    max_util: float = Field(ge=0.0, le=1.0)
+    step_size: float = Field(gt=0.0, le=1.0)
 
 
 class BatchPolicy(BaseModel):
@@ -87,7 +94,7 @@ async def set_batch_policy(body: BatchPolicyRequest, request: Request) -> BatchP
 
 class BatchGoalRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    goal: BatchGoal  # latency | balanced | throughput (runtime.config)
+    goal: BatchGoal  # latency | balanced | throughput (runtime.settings.engine)
 
 
 @router.post("/batch-goal", response_model=BatchPolicy)

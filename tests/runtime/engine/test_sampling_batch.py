@@ -166,7 +166,7 @@ def test_logprobs_are_the_models_own_and_verified_logits_precede_the_processors(
 @pytest.mark.parametrize("kind", ["plain", "mixed"])
 def test_the_sampler_gives_what_the_old_path_gave(kind: str, grammars: GrammarCache) -> None:
     """Same logits, same seeds (request seeds and the global RNG): the same tokens and the same
-    logprob sums as the old per-row path (bench.sampling_step.old_step)."""
+    logprob sums as the old per-row path (bench.sampling_step_old.old_step)."""
     assert check_same(kind, VOCAB, grammars)
 
 

@@ -25,7 +25,7 @@ from runtime.engine.engine import Engine
 from runtime.engine.tp import PoolSpec, StepMessage, TPWorld, WorkerSpec
 from runtime.engine.tp.build import check, load_parallel
 from runtime.errors import ConfigError, ServiceUnavailable
-from runtime.memory.kv_cache import SequenceKV
+from runtime.memory.kv_pool import SequenceKV
 from runtime.models.batch_plan import SeqSlice
 from runtime.models.loader import load_model, read_args
 from runtime.models.parallel.load import load_shard

@@ -21,7 +21,7 @@ import torch
 from runtime.engine.engine import Engine
 from runtime.engine.handle import TokenOutput
 from runtime.engine.sampling import SamplingParams
-from runtime.memory.kv_cache import SequenceKV
+from runtime.memory.kv_pool import SequenceKV
 from runtime.models.batch_plan import SeqSlice
 from runtime.models.loader import load_model
 from tests.runtime.engine.support import engine_config, greedy, one_torch_thread, request

@@ -24,7 +24,7 @@ import torch
 from runtime.engine.engine import Engine
 from runtime.engine.tp.build import check, model_args_of
 from runtime.errors import ConfigError
-from runtime.memory.kv_cache import SequenceKV
+from runtime.memory.kv_pool import SequenceKV
 from runtime.models.batch_plan import SeqSlice
 from runtime.models.loader import load_model
 from runtime.models.parallel.shard import check_tp

@@ -10,7 +10,8 @@ import torch
 
 from runtime.errors import ConfigError
 from runtime.memory import Allocator
-from runtime.memory.kv_cache import KVCache, SequenceKV
+from runtime.memory.kv_cache import KVCache
+from runtime.memory.kv_pool import SequenceKV
 
 LAYERS, HEADS, HEAD_DIM, BLOCK = 2, 2, 8, 4
 BYTES_PER_PAGE = LAYERS * 2 * HEADS * HEAD_DIM * 4 * BLOCK  # float32: 1 KiB

@@ -8,7 +8,8 @@ import weakref
 import torch
 
 from runtime.memory import Allocator
-from runtime.memory.kv_cache import KVCache, SequenceKV
+from runtime.memory.kv_cache import KVCache
+from runtime.memory.kv_pool import SequenceKV
 from runtime.models import CausalLM, SeqSlice
 
 

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from runtime.memory import Allocator
-from runtime.memory.kv_cache import KVCache, SequenceKV
-from runtime.models import ops, paged_attention
-from runtime.models.batch_plan import GATHER_BUDGET_BYTES, BatchPlan, SeqSlice
+from runtime.memory.kv_cache import KVCache
+from runtime.memory.kv_pool import SequenceKV
+from runtime.models import ops
+from runtime.models.batch_plan import GATHER_BUDGET_BYTES, BatchPlan, SeqSlice, attend
 
 HQ, HKV, D, BLOCK = 4, 2, 8, 4
 
@@ -57,7 +58,7 @@ def test_a_lone_sequence_reads_a_view_of_its_run_or_gathers(interleaved: bool, n
     plan = BatchPlan.build([SeqSlice(0, n, kv)], torch.zeros(n, dtype=torch.long), HQ // HKV)
     assert (plan.lone_run is None) == interleaved
     assert (plan.gather_out is None) == (not interleaved)
-    got = paged_attention.attend(plan, 0, q, k, v)
+    got = attend(plan, 0, q, k, v)
     keys = torch.cat([old[0], k.transpose(0, 1)], dim=1)
     values = torch.cat([old[1], v.transpose(0, 1)], dim=1)
     want = ops.attention_ref(q.transpose(0, 1), keys, values, causal_offset=past)
@@ -93,7 +94,7 @@ def test_one_call_matches_each_sequence_alone(shape: list[tuple[int, int]]) -> N
     k = torch.cat([x[1][0] for x in news])  # [T, Hkv, D]
     v = torch.cat([x[1][1] for x in news])
     plan = BatchPlan.build(slices, torch.zeros(start, dtype=torch.long), HQ // HKV)
-    got = paged_attention.attend(plan, 0, q, k, v)  # [T, Hq, D]
+    got = attend(plan, 0, q, k, v)  # [T, Hq, D]
     for sl, old in zip(slices, pasts, strict=True):
         n = sl.end - sl.start
         keys = torch.cat([old[0], k[sl.start : sl.end].transpose(0, 1)], dim=1)

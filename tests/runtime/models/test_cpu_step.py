@@ -26,7 +26,7 @@ from runtime.engine.config import EngineConfig
 from runtime.engine.engine import Engine
 from runtime.engine.stats import RequestStats, StepStats, VerificationResult
 from runtime.memory import Allocator
-from runtime.memory.kv_cache import SequenceKV
+from runtime.memory.kv_pool import SequenceKV
 from runtime.models import layers
 from runtime.models.base import CausalLM, SeqSlice
 from runtime.models.fast import precompiled

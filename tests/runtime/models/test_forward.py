@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.memory.kv_cache import SequenceKV
+from runtime.memory.kv_pool import SequenceKV
 from runtime.models import CausalLM, SeqSlice, load_model, ops
 from runtime.models.base import RopeTable
 from runtime.models.fast.graphs import batch_buckets

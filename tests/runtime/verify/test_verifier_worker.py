@@ -17,7 +17,8 @@ import torch
 from runtime.config import load_settings
 from runtime.engine.stats import VerificationResult
 from runtime.verify import verifier as verify
-from runtime.verify.verifier import Verifier, VerifyJob, is_sampled
+from runtime.verify.jobs import VerifyJob
+from runtime.verify.verifier import Verifier, is_sampled
 
 
 class Sink:
