@@ -55,7 +55,7 @@ lint: setup-test
 	$(BIN)/lint-imports
 
 # each benchmark prints a ratio against a reference measured in the same run; last line is JSON
-BENCHES ?= allocator generate serving http telemetry storage kv soak batching structured logprobs sampling_step lora lora_hot_swap spec tp priority fair_share event_loop
+BENCHES ?= allocator generate serving http telemetry storage kv soak batching structured logprobs sampling_step lora lora_hot_swap spec tp priority fair_share event_loop attacks
 bench: setup-test
 	@for b in $(BENCHES); do echo "== bench.$$b"; $(BIN)/python -m bench.$$b --quick || exit 1; done
 

@@ -49,7 +49,8 @@ def start_server(
     model: str, device: str, policy: dict[str, str], ready_timeout_s: float = 300.0
 ) -> Server:
     """`fastllm serve` with the FASTLLM_* batch settings in `policy` (empty: the defaults);
-    metrics on (the traces come from /metrics), tracing, storage and alerts off."""
+    metrics on (the traces come from /metrics), tracing, storage and alerts off unless `policy`
+    sets them."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -62,8 +63,8 @@ def start_server(
         FASTLLM_VERIFY_SAMPLE_RATE="0",
         FASTLLM_DRAIN_GRACE_S="1",
         MALLOC_ARENA_MAX=os.environ.get("MALLOC_ARENA_MAX", "2"),  # as bench.soak's children
-        **policy,
     )
+    env.update(policy)  # a policy may also turn one of the above back on
     cmd = [sys.executable, "-m", "runtime", "serve", "--model", model, "--port", str(port)]
     proc = subprocess.Popen([*cmd, "--log-level", "warning"], env=env, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"

@@ -40,15 +40,30 @@ _TOKENIZE_PROMPT = "lorem ipsum dolor sit amet " * 36_000  # 972,000 characters
 _LONG_PROMPT = "the quick brown fox jumps over the lazy dog " * 20_000  # past any context
 ATTACKS = ("tokenize 1 MB", "prompt past context", "echo+logprobs 20", "past max_response_bytes")
 HEALTH_BOUND_S = 0.100  # issue 39: /health <= 100 ms under every attack
+HANG_S = 120.0  # a request with no answer by then counts as a hang
+Body = tuple[str, dict[str, Any]]  # (path, JSON body)
+Phase = tuple[str, int, list[Body]]  # (label, heavy clients, their bodies)
 
 
-def _pct(values: list[float], q: int) -> float:
+def pct(values: list[float], q: int) -> float:
     if len(values) < 2:
         return values[0] if values else float("nan")
     return statistics.quantiles(values, n=100)[q - 1]
 
 
-def _heavy_bodies(model: str) -> list[tuple[str, dict[str, Any]]]:
+def expected_rows(path: str, body: dict[str, Any], status: str) -> int:
+    """`inference_log` rows the server owes a request (storage.rows): one per prompt of an
+    answered /v1 request (a batch's prompts are engine requests of their own), one for a refused
+    one, none outside /v1 (/tokenize, /health)."""
+    if not path.startswith("/v1/"):
+        return 0
+    prompt = body.get("prompt")
+    if status == "200" and isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        return len(prompt)
+    return 1
+
+
+def heavy_bodies(model: str) -> list[Body]:
     ids = list(range(3, 503))
     logprobs = {
         "model": model,
@@ -66,11 +81,22 @@ def _heavy_bodies(model: str) -> list[tuple[str, dict[str, Any]]]:
     ]
 
 
+def start_probe(url: str, seconds: float) -> subprocess.Popen[str]:
+    """`/health` timed from a process of its own for `seconds`; `probe_result` collects it."""
+    probe = [sys.executable, "-m", "bench.event_loop", "--ping", url, "--seconds", str(seconds)]
+    return subprocess.Popen(probe, stdout=subprocess.PIPE, text=True)
+
+
+def probe_result(pinger: subprocess.Popen[str]) -> list[float]:
+    health: list[float] = json.loads(pinger.communicate()[0])
+    return health
+
+
 def _ping(url: str, seconds: float) -> None:
     """The probe's own process: `/health` every 20 ms, the latencies as JSON on stdout."""
     stop = time.monotonic() + seconds
     health: list[float] = []
-    with httpx.Client(timeout=120) as http:
+    with httpx.Client(timeout=HANG_S) as http:
         while time.monotonic() < stop:
             t0 = time.monotonic()
             http.get(f"{url}/health")
@@ -79,39 +105,54 @@ def _ping(url: str, seconds: float) -> None:
     print(json.dumps(health))
 
 
-def _phase(
-    url: str, model: str, seconds: float, heavy_clients: int, only: int | None = None
+def post(http: httpx.Client, url: str, path: str, body: dict[str, Any]) -> str:
+    """The status code as text, "hang" when no answer came within HANG_S, else the transport
+    error's name (a dropped connection: counted with the 5xx by bench.attacks)."""
+    try:
+        return str(http.post(f"{url}{path}", json=body).status_code)
+    except httpx.TimeoutException:
+        return "hang"
+    except httpx.TransportError as exc:
+        return type(exc).__name__
+
+
+def phase(
+    url: str,
+    model: str,
+    seconds: float,
+    heavy_clients: int,
+    bodies: list[Body],
+    headers: dict[str, str] | None = None,
 ) -> dict[str, Any]:
+    """A plain chat in a loop and `heavy_clients` sending `bodies` in turn for `seconds`, with
+    /health probed meanwhile. Returns percentiles, status counts by path and the rows owed."""
     stop = time.monotonic() + seconds
     chats: list[float] = []
     statuses: Counter[str] = Counter()
+    rows = [0]
     lock = threading.Lock()
-    probe = [sys.executable, "-m", "bench.event_loop", "--ping", url, "--seconds", str(seconds)]
-    pinger = subprocess.Popen(probe, stdout=subprocess.PIPE, text=True)
+    pinger = start_probe(url, seconds)
+
+    def send(http: httpx.Client, path: str, body: dict[str, Any]) -> None:
+        status = post(http, url, path, body)
+        with lock:
+            statuses[f"{path} {status}"] += 1
+            rows[0] += expected_rows(path, body, status)
 
     def chatter() -> None:
         body = {"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
-        with httpx.Client(timeout=120) as http:
+        with httpx.Client(timeout=HANG_S, headers=headers) as http:
             while time.monotonic() < stop:
                 t0 = time.monotonic()
-                http.post(f"{url}/v1/chat/completions", json=body)
+                send(http, "/v1/chat/completions", body)
                 chats.append(time.monotonic() - t0)
                 time.sleep(0.05)
 
     def heavy(i: int) -> None:
-        bodies = _heavy_bodies(model)
-        if only is not None:
-            bodies = [bodies[only]]
         n = i
-        with httpx.Client(timeout=300) as http:
+        with httpx.Client(timeout=HANG_S, headers=headers) as http:
             while time.monotonic() < stop:
-                path, body = bodies[n % len(bodies)]
-                try:
-                    status = str(http.post(f"{url}{path}", json=body).status_code)
-                except httpx.TimeoutException:
-                    status = "hang"  # no answer in 300 s
-                with lock:
-                    statuses[f"{path} {status}"] += 1
+                send(http, *bodies[n % len(bodies)])
                 n += 1
 
     threads = [threading.Thread(target=chatter)]
@@ -120,13 +161,14 @@ def _phase(
         t.start()
     for t in threads:
         t.join()
-    health: list[float] = json.loads(pinger.communicate()[0])
+    health = probe_result(pinger)
     return {
-        "health_p50": _pct(health, 50),
-        "health_p99": _pct(health, 99),
-        "chat_p50": _pct(chats, 50),
-        "chat_p99": _pct(chats, 99),
+        "health_p50": pct(health, 50),
+        "health_p99": pct(health, 99),
+        "chat_p50": pct(chats, 50),
+        "chat_p99": pct(chats, 99),
         "statuses": dict(statuses),
+        "rows": rows[0],
     }
 
 
@@ -141,22 +183,28 @@ def _row(server: str, phase: str, r: dict[str, Any], idle: dict[str, Any] | None
     )
 
 
+def attack_phases(model: str, clients: int, only: int | None = None) -> list[Phase]:
+    """(label, heavy clients, bodies): idle, each attack alone (or `only`), then all mixed."""
+    bodies = heavy_bodies(model)
+    phases: list[Phase] = [("idle", 0, [])]
+    picked = range(len(ATTACKS)) if only is None else [only]
+    phases += [(ATTACKS[i], clients, [bodies[i]]) for i in picked]
+    if only is None:
+        phases.append(("all mixed", clients, bodies))
+    return phases
+
+
 def run(
     servers: dict[str, str], model: str, seconds: float, clients: int, only: int | None = None
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """Idle, then each attack (or `only`), then all mixed; each phase on every server in turn.
     Returns {server: {phase: result}} and prints a row per phase."""
-    phases: list[tuple[str, int, int | None]] = [("idle", 0, None)]
-    picked = range(len(ATTACKS)) if only is None else [only]
-    phases += [(ATTACKS[i], clients, i) for i in picked]
-    if only is None:
-        phases.append(("all mixed", clients, None))
     results: dict[str, dict[str, dict[str, Any]]] = {name: {} for name in servers}
-    for phase, num_clients, which in phases:
+    for label, num_clients, bodies in attack_phases(model, clients, only):
         for name, url in servers.items():
-            r = results[name][phase] = _phase(url, model, seconds, num_clients, which)
-            print(_row(name, phase, r, None if phase == "idle" else results[name]["idle"]))
-            if phase != "idle":
+            r = results[name][label] = phase(url, model, seconds, num_clients, bodies)
+            print(_row(name, label, r, None if label == "idle" else results[name]["idle"]))
+            if label != "idle":
                 print(f"{'':9s}   {r['statuses']}")
         sys.stdout.flush()
     for name, per_phase in results.items():
@@ -175,7 +223,7 @@ def run(
             f"(bound 100 ms: {'met' if met else 'NOT met'}); 5xx or hangs under load: {fives}"
         )
     summary = {
-        name: {phase: round(r["health_p99"] * 1e3, 1) for phase, r in per_phase.items()}
+        name: {label: round(r["health_p99"] * 1e3, 1) for label, r in per_phase.items()}
         for name, per_phase in results.items()
     }
     print(json.dumps({"health_p99_ms": summary}))  # the benches' last line (Makefile)

@@ -4,83 +4,89 @@ constrained requests and /health see while attackers send constraints that compi
     python -m bench.grammar_attack --url http://127.0.0.1:8000 --model llama-tiny --quick
 
 Prints, for a baseline phase and an attack phase of the same length: the p50/p99 latency of
-other constrained requests (each a new regex: a compile every time), /health's p99, and status
-counts (the attacks should be 400s past the compile budget, nothing a 5xx); then the ratios.
+other constrained requests (each a new regex: a compile every time), /health's p99 (timed from a
+process of its own, as in bench.event_loop), and status counts (the attacks should be 400s past
+the compile budget, nothing a 5xx); then the ratios.
 With API keys, pass two (`--attacker-key`, `--key`): the attack's share is per tenant.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-
-def _pct(values: list[float], q: float) -> float:
-    return statistics.quantiles(values, n=100)[int(q) - 1] if len(values) > 1 else values[0]
+from bench.event_loop import HANG_S, pct, post, probe_result, start_probe
 
 
-def _phase(args: argparse.Namespace, attack: bool) -> dict[str, Any]:
-    stop = time.monotonic() + args.seconds
+@dataclass
+class GrammarAttack:
+    url: str
+    model: str
+    key: str | None = None  # the other clients' API key
+    attacker_key: str | None = None
+    attack_chars: int = 4000  # the attack's regex length
+    attackers: int = 4
+    clients: int = 2
+    seconds: float = 30.0
+
+
+def phase(cfg: GrammarAttack, attack: bool) -> dict[str, Any]:
+    """Other clients' constrained requests (and the attackers' with `attack`) for `cfg.seconds`,
+    /health probed from its own process. Returns the others' p50/p99 latency, /health's, status
+    counts ("hang": no answer within HANG_S) and the `inference_log` rows owed (one a request)."""
+    stop = time.monotonic() + cfg.seconds
     latencies: list[float] = []
-    health: list[float] = []
     statuses: Counter[str] = Counter()
     lock = threading.Lock()
+    pinger = start_probe(cfg.url, cfg.seconds)
 
-    def post(regex: str, key: str | None, label: str) -> None:
+    def client(key: str | None, label: str, regex: Callable[[int], str]) -> None:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        body = {"model": args.model, "prompt": "x", "max_tokens": 4, "guided_regex": regex}
-        t0 = time.monotonic()
-        try:
-            status = str(
-                httpx.post(
-                    f"{args.url}/v1/completions", json=body, headers=headers, timeout=300
-                ).status_code
-            )
-        except httpx.HTTPError as exc:
-            status = type(exc).__name__
-        with lock:
-            statuses[f"{label} {status}"] += 1
-            if label == "other":
-                latencies.append(time.monotonic() - t0)
+        n = 0
+        with httpx.Client(timeout=HANG_S, headers=headers) as http:
+            while time.monotonic() < stop:
+                body = {
+                    "model": cfg.model,
+                    "prompt": "x",
+                    "max_tokens": 4,
+                    "guided_regex": regex(n),
+                }
+                t0 = time.monotonic()
+                status = post(http, cfg.url, "/v1/completions", body)
+                with lock:
+                    statuses[f"{label} {status}"] += 1
+                    if label == "other":
+                        latencies.append(time.monotonic() - t0)
+                n += 1
 
     def attacker(i: int) -> None:
-        n = 0
-        while time.monotonic() < stop:
-            post("." * args.attack_chars + f"{i}-{n}", args.attacker_key, "attack")
-            n += 1
+        client(cfg.attacker_key, "attack", lambda n: "." * cfg.attack_chars + f"{i}-{n}")
 
-    def other(i: int) -> None:
-        n = 0
-        while time.monotonic() < stop:
-            post(f"(yes|no){i}x{n}", args.key, "other")  # distinct: a compile every time
-            n += 1
+    def other(i: int) -> None:  # distinct: a compile every time
+        client(cfg.key, "other", lambda n: f"(yes|no){i}x{n}")
 
-    def pinger() -> None:
-        while time.monotonic() < stop:
-            t0 = time.monotonic()
-            httpx.get(f"{args.url}/health", timeout=30)
-            health.append(time.monotonic() - t0)
-            time.sleep(0.1)
-
-    threads = [threading.Thread(target=other, args=(i,)) for i in range(args.clients)]
-    threads.append(threading.Thread(target=pinger))
+    threads = [threading.Thread(target=other, args=(i,)) for i in range(cfg.clients)]
     if attack:
-        threads += [threading.Thread(target=attacker, args=(i,)) for i in range(args.attackers)]
+        threads += [threading.Thread(target=attacker, args=(i,)) for i in range(cfg.attackers)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    health = probe_result(pinger)
     return {
-        "p50": _pct(latencies, 50),
-        "p99": _pct(latencies, 99),
-        "health_p99": _pct(health, 99),
+        "p50": pct(latencies, 50),
+        "p99": pct(latencies, 99),
+        "health_p50": pct(health, 50),
+        "health_p99": pct(health, 99),
         "statuses": dict(statuses),
+        "rows": sum(statuses.values()),
     }
 
 
@@ -98,8 +104,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.seconds = 10.0
-    base = _phase(args, attack=False)
-    hit = _phase(args, attack=True)
+    cfg = GrammarAttack(
+        args.url, args.model, args.key, args.attacker_key, args.attack_chars, args.attackers,
+        args.clients, args.seconds,
+    )  # fmt: skip
+    base = phase(cfg, attack=False)
+    hit = phase(cfg, attack=True)
     for name, r in (("baseline", base), ("attack", hit)):
         print(
             f"{name:8s} other p50 {r['p50']:.3f} s  p99 {r['p99']:.3f} s  "
@@ -110,7 +120,8 @@ def main() -> None:
         f"/health p99 x{hit['health_p99'] / base['health_p99']:.2f}"
     )
     fives = sum(v for k, v in hit["statuses"].items() if k.split()[1].startswith("5"))
-    print(f"5xx during the attack: {fives}")
+    hangs = sum(v for k, v in hit["statuses"].items() if k.endswith("hang"))
+    print(f"5xx during the attack: {fives}; hangs (no answer in {HANG_S:.0f} s): {hangs}")
 
 
 if __name__ == "__main__":
