@@ -59,13 +59,16 @@ def test_a_compile_past_its_time_budget_fails_and_its_worker_is_killed(info) -> 
     pool = CompilePool(info.serialize_json(), GrammarLimits(compile_timeout_s=0.5, num_workers=2))
     try:
         before = ready(pool)
+        # on a loaded machine a warm-up compile can itself pass the 0.5 s budget (its worker
+        # killed and replaced inside ready()); only the attack's kill is this test's
+        killed_warming = pool.num_killed
         slow = pool.submit("regex", SLOW, "attacker")
         fast = pool.submit("regex", FAST + "c", "someone-else")
         assert fast.future.result(timeout=60).size_bytes > 0  # served beside the attack
         with pytest.raises(CompileBudgetExceeded, match="grammar_compile_timeout_s"):
             slow.future.result(timeout=60)
         killed = [pid for pid in before if is_gone(pid)]
-        assert len(killed) == 1 and pool.num_killed == 1
+        assert len(killed) == 1 and pool.num_killed == killed_warming + 1
         deadline = time.monotonic() + 30  # a replacement takes the killed one's place
         while len(pool.worker_pids()) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
