@@ -25,7 +25,7 @@ from runtime.engine.lora.wiring import build_registry
 from runtime.engine.model_runner import ModelRunner
 from runtime.engine.scheduler import Scheduler
 from runtime.engine.sequence import Sequence
-from runtime.engine.spec.attach import attach_speculation
+from runtime.engine.spec.attach import build_speculation
 from runtime.engine.stats import StatsSink
 from runtime.engine.warmup import run_warmup
 from runtime.errors import ModelLoadError
@@ -109,7 +109,7 @@ def build_parts(
     if isinstance(loaded.model, CausalLM):  # rope rows for what the KV pool can hold, no more
         _limit_context(loaded, kv_cache.max_tokens)
     if loaded.parallel is not None:  # tensor parallel: rank 0's step sends its inputs along
-        from runtime.engine.tp.build import make_runner
+        from runtime.engine.tp_runner import make_runner
 
         runner: ModelRunner = make_runner(loaded, kv_cache)
     else:
@@ -135,7 +135,9 @@ def build_parts(
         plan = WarmupPlan.for_engine(controller.config.max_batch)
         run_warmup(core, loaded.tokenizer, plan, args.vocab_size)
     if config.spec.enabled and loaded.is_causal_lm:  # after the warm-up: it times plain steps
-        attach_speculation(core, config.spec, kv_cache)
+        speculation = build_speculation(config.spec, kv_cache, loaded)
+        core.scheduler.speculator = speculation.speculator
+        core.runner.drafter = speculation.drafter
     if loaded.is_causal_lm:  # XGrammar's view of the vocabulary: once per loaded model
         info = tokenizer_info(loaded.tokenizer, args.vocab_size)
         parts.grammars = GrammarCache(info, limits=config.grammar)

@@ -126,7 +126,15 @@ class ModelRunner:
     def _execute_with_drafts(self, batch: SchedulerOutput) -> StepOutput:
         from runtime.engine.spec.step import execute_with_drafts
 
-        drafted = execute_with_drafts(self, batch)
+        if self.drafter is not None:  # self_draft: the placeholders become the draft's tokens
+            self.drafter.draft(batch.items)
+        input_ids, slices = self._pack(batch.items)
+        # the chunked forward (never the fast path); through `_forward`, so a tensor-parallel
+        # runner's workers get the step too
+        hidden = self._forward(input_ids, slices, decode_only=False)
+        if batch.num_featured:
+            self._prompt_logprobs(batch.items, slices, hidden)
+        drafted = execute_with_drafts(self.model, self.sampler, self.device, batch, slices, hidden)
         num_items = len(batch.items)
         if drafted.sampling is None or drafted.sampled is None:
             step = StepOutput([None] * num_items)

@@ -59,7 +59,7 @@ def check_sharded(options: DoctorOptions, device: torch.device) -> list[CheckRes
         quantization=None if options.quantization == "none" else options.quantization,
         tensor_parallel_size=world,
         kv_cache_bytes=8 << 20,
-        compile="off",  # the split model runs eagerly (runtime.engine.tp.runner)
+        compile="off",  # the split model runs eagerly (runtime.engine.tp_runner)
         batch_warmup=False,
     )
     engine = Engine(config)

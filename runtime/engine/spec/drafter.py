@@ -31,9 +31,10 @@ from runtime.models.base import CausalLM, SeqSlice
 from runtime.models.quantize import PROJECTIONS, quantize_head, quantize_model
 
 if TYPE_CHECKING:
-    from runtime.engine.scheduled import ScheduledSeq
-    from runtime.engine.sequence import Sequence
+    from collections.abc import Sequence as Seq
+
     from runtime.engine.spec.config import SpecConfig
+    from runtime.engine.spec.rows import SpecItem, SpecSeq
     from runtime.models.loader import LoadedModel
 
 __all__ = ["SelfDrafter", "draft_model"]
@@ -43,7 +44,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(eq=False)
 class _DraftKV:
-    seq: Sequence
+    seq: SpecSeq
     kv: SequenceKV
     fed: list[int] = field(default_factory=list)  # the tokens whose K/V the draft KV holds
     num_real: int = 0  # of `fed`, those known to be the sequence's own tokens (not drafts)
@@ -110,10 +111,10 @@ class SelfDrafter:
         return cls(model, cache)
 
     @torch.inference_mode()
-    def draft(self, items: list[ScheduledSeq]) -> None:
+    def draft(self, items: Seq[SpecItem]) -> None:
         """Replace each drafting item's placeholders by the draft model's greedy tokens."""
         self._sweep()
-        rows: list[tuple[ScheduledSeq, _DraftKV]] = []
+        rows: list[tuple[SpecItem, _DraftKV]] = []
         for item in items:
             drafts = item.draft_token_ids
             if not drafts:
@@ -149,7 +150,7 @@ class SelfDrafter:
                 entry.fed.append(tokens[i])
                 tokens[i] = token
 
-    def _entry(self, seq: Sequence, k: int) -> _DraftKV | None:
+    def _entry(self, seq: SpecSeq, k: int) -> _DraftKV | None:
         """The sequence's draft KV, cut back to what still matches its tokens, with pages for
         what it will be fed this step; None when the pool has no room."""
         entry = self.entries.get(seq.request_id)
@@ -175,7 +176,7 @@ class SelfDrafter:
 
     def _forward(
         self,
-        rows: list[tuple[ScheduledSeq, _DraftKV]],
+        rows: list[tuple[SpecItem, _DraftKV]],
         chunks: list[list[int]],
         num_drafted: int | None,  # drafts each row holds so far; None: no row has controls
     ) -> list[int]:

@@ -23,8 +23,7 @@ from runtime.engine.spec.ngram import propose_ngram
 from runtime.engine.spec.state import SpecState
 
 if TYPE_CHECKING:
-    from runtime.engine.scheduled import ScheduledSeq, SchedulerOutput
-    from runtime.engine.sequence import Sequence
+    from runtime.engine.spec.rows import SpecBatch, SpecItem, SpecSeq
     from runtime.memory.kv_pool import SequenceKV, TokenSlice
 
 __all__ = ["Speculator", "spec_eligible"]
@@ -39,7 +38,7 @@ class _KV(Protocol):
     def cache_full_pages(self, kv: SequenceKV, tokens: TokenSlice) -> None: ...
 
 
-def spec_eligible(seq: Sequence) -> bool:
+def spec_eligible(seq: SpecSeq) -> bool:
     """Decided once per sequence: may it speculate at all? Its request did not opt out. Every
     feature is reproduced by the verification: a seed, n > 1, logprobs (the target's logits at
     each emitted token's position, verify.emitted_logprobs; the prompt's are sent with the
@@ -58,7 +57,7 @@ class Speculator:
     def method(self) -> str:
         return self.config.method
 
-    def plan(self, out: SchedulerOutput, budget_left: int) -> None:
+    def plan(self, out: SpecBatch, budget_left: int) -> None:
         """Draft for the step's decode rows that may speculate (see the module doc)."""
         config = self.config
         if len(out.items) > config.max_batch_for_speculation:
@@ -87,14 +86,14 @@ class Speculator:
             self._take(out, item, drafts)
             budget_left -= len(drafts)
 
-    def _propose(self, seq: Sequence, k: int) -> list[int]:
+    def _propose(self, seq: SpecSeq, k: int) -> list[int]:
         if self.config.method == "ngram":
             c = self.config
             return propose_ngram(seq.token_ids, k, c.ngram_min, c.ngram_max)
         return [PLACEHOLDER] * k  # self_draft: the runner drafts them
 
     @staticmethod
-    def _take(out: SchedulerOutput, item: ScheduledSeq, drafts: list[int]) -> None:
+    def _take(out: SpecBatch, item: SpecItem, drafts: list[int]) -> None:
         item.draft_token_ids = drafts
         out.num_draft_tokens += len(drafts)
         # the row is a 1 + k token chunk now: a prefill-like chunk, not a one-token decode
@@ -107,8 +106,8 @@ class Speculator:
 
     def settle(
         self,
-        batch: SchedulerOutput,
-        seq: Sequence,
+        batch: SpecBatch,
+        seq: SpecSeq,
         num_drafted: int,
         num_accepted: int,
         num_emitted: int,

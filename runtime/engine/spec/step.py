@@ -4,16 +4,18 @@ One forward over every row's chunk, as any step: prefill chunks, one-token decod
 drafting rows' 1 + k tokens side by side. The rows without drafts are sampled as in any step
 (their `SamplingBatch`, the `Sampler`); each drafting row's k + 1 positions are turned into logits
 and verified (verify.py; a constrained row under its grammar, constrained.py), with the emitted
-tokens' logprobs where the row asks (the target's, as the sampler computes them). The drafts of
-`self_draft` rows are written in first (the drafter).
-The runner is read through a protocol and the result handed back as a `DraftedStep` the runner
-turns into its `StepOutput`, so this module does not import the runner (no import cycle).
+tokens' logprobs where the row asks (the target's, as the sampler computes them).
+The runner writes the drafts of `self_draft` rows in first (the drafter), packs the rows and
+runs the forward (its own, so a tensor-parallel runner's workers get the step too), then hands
+the hidden states here; the result goes back as a `DraftedStep` the runner turns into its
+`StepOutput`. The batch is read through protocols (rows.py), so this module imports neither the
+runner nor the scheduler's batch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,29 +26,10 @@ from runtime.engine.spec.controls import controlled_logits
 from runtime.engine.spec.verify import SpecResult, chosen_logits, emitted_logprobs, verify_row
 
 if TYPE_CHECKING:
-    from runtime.engine.scheduled import ScheduledSeq, SchedulerOutput
-    from runtime.engine.sequence import Sequence
-    from runtime.engine.spec.drafter import SelfDrafter
+    from runtime.engine.spec.rows import SpecBatch, SpecSeq
     from runtime.models.base import CausalLM, SeqSlice
 
 __all__ = ["DraftedStep", "execute_with_drafts"]
-
-
-class _Runner(Protocol):
-    """What this step uses of runtime.engine.model_runner.ModelRunner."""
-
-    model: CausalLM
-    device: torch.device
-    sampler: Sampler
-    drafter: SelfDrafter | None
-
-    def _pack(self, items: list[ScheduledSeq]) -> tuple[torch.Tensor, list[SeqSlice]]: ...
-    def _forward(
-        self, input_ids: torch.Tensor, slices: list[SeqSlice], *, decode_only: bool
-    ) -> torch.Tensor: ...
-    def _prompt_logprobs(
-        self, items: list[ScheduledSeq], slices: list[SeqSlice], hidden: torch.Tensor
-    ) -> None: ...
 
 
 @dataclass
@@ -57,34 +40,33 @@ class DraftedStep:
     spec: dict[int, SpecResult]  # each drafting item (by index) -> its verification
 
 
-def execute_with_drafts(runner: _Runner, batch: SchedulerOutput) -> DraftedStep:
+def execute_with_drafts(
+    model: CausalLM,
+    sampler: Sampler,
+    device: torch.device,
+    batch: SpecBatch,
+    slices: list[SeqSlice],
+    hidden: torch.Tensor,  # [T, H] the packed chunk's forward (the chunked one, never fast)
+) -> DraftedStep:
     items = batch.items
-    if runner.drafter is not None:  # self_draft: the placeholders become the draft's tokens
-        runner.drafter.draft(items)
-    input_ids, slices = runner._pack(items)
-    # [T, H]: the chunked forward (never the fast path); through the runner, so a tensor-parallel
-    # runner's workers get the step too
-    hidden = runner._forward(input_ids, slices, decode_only=False)
-    if batch.num_featured:
-        runner._prompt_logprobs(items, slices, hidden)
     plain = [i for i, item in enumerate(items) if item.samples and not item.draft_token_ids]
     drafting = [i for i, item in enumerate(items) if item.draft_token_ids]
     step = DraftedStep(plain, None, None, {})
     if plain:
-        last = torch.tensor([slices[i].end - 1 for i in plain], device=runner.device)
-        logits = runner.model.compute_logits(hidden.index_select(0, last))
+        last = torch.tensor([slices[i].end - 1 for i in plain], device=device)
+        logits = model.compute_logits(hidden.index_select(0, last))
         seqs = [items[i].seq for i in plain]
         step.sampling = SamplingBatch.build(
             seqs,
             featured=any(seq.features is not None for seq in seqs),
             all_greedy=all(seq.request.sampling.is_greedy for seq in seqs),
-            device=runner.device,
+            device=device,
         )
-        step.sampled = runner.sampler(logits, step.sampling)
+        step.sampled = sampler(logits, step.sampling)
     # every drafting row's k + 1 positions: its slice of the packed chunk
     positions = [p for i in drafting for p in range(slices[i].start, slices[i].end)]
-    index = torch.tensor(positions, device=runner.device)
-    logits = runner.model.compute_logits(hidden.index_select(0, index))  # [sum(k+1), V]
+    index = torch.tensor(positions, device=device)
+    logits = model.compute_logits(hidden.index_select(0, index))  # [sum(k+1), V]
     argmax = logits.argmax(dim=-1).tolist()  # one host copy for the greedy rows
     # controls, logprobs, verification sampling and constraints live in a sequence's features
     # slot: a step whose rows have none (the scheduler's count) looks at none of them
@@ -101,7 +83,7 @@ def execute_with_drafts(runner: _Runner, batch: SchedulerOutput) -> DraftedStep:
 
 
 def _verify(
-    seq: Sequence, drafts: list[int], rows: torch.Tensor, argmax: list[int], featured: bool
+    seq: SpecSeq, drafts: list[int], rows: torch.Tensor, argmax: list[int], featured: bool
 ) -> SpecResult:
     params = seq.request.sampling
     f = seq.features if featured else None

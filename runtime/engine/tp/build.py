@@ -1,18 +1,18 @@
 """Building a tensor-parallel engine's pieces: the checks, the workers and rank 0's shard (in
-the engine's call-once load), and rank 0's runner (once the KV pool exists)."""
+the engine's call-once load). Rank 0's runner is built one level up (runtime.engine.tp_runner).
+The engine's settings are read through a protocol (what runtime.engine.config.EngineConfig
+holds), so this package does not import the engine's config (nor what it imports)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed
 
-from runtime.engine.config import EngineConfig
 from runtime.engine.tp.messages import WorkerSpec
-from runtime.engine.tp.runner import TPModelRunner
 from runtime.engine.tp.world import TPWorld
 from runtime.errors import ConfigError
 from runtime.memory.kv_cache import KVCache
@@ -21,6 +21,37 @@ from runtime.models.gguf_io.reader import is_gguf
 from runtime.models.loader import LoadedModel, read_args, resolve_device
 from runtime.models.parallel.load import load_shard
 from runtime.models.parallel.shard import ShardSpec, check_tp
+
+
+class _Settings(Protocol):
+    """The settings a tensor-parallel load reads (runtime.engine.config.EngineConfig)."""
+
+    @property
+    def model_path(self) -> str | Path | None: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def legacy_support(self) -> bool: ...
+    @property
+    def quantization(self) -> str | None: ...
+    @property
+    def quant_group_size(self) -> int: ...
+    @property
+    def quantize_lm_head(self) -> bool: ...
+    @property
+    def num_threads(self) -> int | None: ...
+    @property
+    def tensor_parallel_size(self) -> int: ...
+    @property
+    def tensor_parallel_master_addr(self) -> str: ...
+    @property
+    def tensor_parallel_master_port(self) -> int: ...
+    @property
+    def tensor_parallel_timeout_s(self) -> float: ...
+    @property
+    def tensor_parallel_spawn(self) -> bool: ...
 
 
 def model_args_of(path: Path) -> ModelArgs:
@@ -32,7 +63,7 @@ def model_args_of(path: Path) -> ModelArgs:
     return read_args(path)
 
 
-def check(config: EngineConfig) -> None:
+def check(config: _Settings) -> None:
     """Bad sizes as one line (ConfigError), before any process starts."""
     assert config.model_path is not None
     check_tp(model_args_of(Path(config.model_path)), config.tensor_parallel_size)
@@ -45,7 +76,7 @@ def check(config: EngineConfig) -> None:
         )
 
 
-def load_parallel(config: EngineConfig) -> LoadedModel:
+def load_parallel(config: _Settings) -> LoadedModel:
     """Start the workers (they load their shards), then load rank 0's."""
     check(config)
     if torch.distributed.is_initialized():  # its default group is per process
@@ -88,11 +119,6 @@ def load_parallel(config: EngineConfig) -> LoadedModel:
         raise
     loaded.parallel = world
     return loaded
-
-
-def make_runner(loaded: LoadedModel, kv_cache: KVCache) -> TPModelRunner:
-    assert isinstance(loaded.parallel, TPWorld)
-    return TPModelRunner(loaded, loaded.parallel, kv_cache)
 
 
 def memory_rows(loaded: LoadedModel, kv_cache: KVCache) -> list[dict[str, Any]]:
