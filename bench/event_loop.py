@@ -1,26 +1,25 @@
 """Issue 39, item 2 re-run: what `/health` and a plain chat see while clients send the heavy
 requests that used to run on the event loop.
 
-    python -m bench.event_loop --quick
-    python -m bench.event_loop --quick --reference-tree /tmp/ref   # before/after in one run
+    python -m bench.event_loop --quick [--only 0] [--reference-tree /tmp/ref]  # before/after
 
 Starts `fastllm serve` on the random demo llama (or `--url` of a running server), then runs phases
 of the same length: idle (only the probes), each attack alone (1 MB-class `/tokenize` calls,
 880 KB prompts past the context, `echo` + `logprobs: 20` completions with `n`, a body past
 `max_response_bytes`) and all of them mixed. Prints each phase's /health and plain-chat p50/p99,
-/health p99 against the idle phase of the same server, whether /health p99 <= 100 ms (the
-issue's bound) and the attack's status counts (no 5xx expected).
+/health p99 against idle, whether it is <= 100 ms (the issue's bound), the server's RSS peak (a
+server it started) and the attack's status counts (no 5xx expected).
 
 `/health` is timed from its own process: a probe thread beside the heavy clients would wait for
 this process's GIL while they read multi-MB bodies, and count that as the server's latency.
-`--reference-tree DIR` also serves the same model from another checkout (e.g.
-`git worktree add /tmp/ref <commit>`), phase by phase in turn with this one, so both see the
-same machine load (it is shared: compare within a run, never across runs).
+`--reference-tree DIR` also serves the model from another checkout, phase by phase in turn with
+this one, so both see the same load (shared machine: compare within a run, never across runs).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
@@ -29,10 +28,12 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 from bench.batching_parts import Server, start_server
 
@@ -172,14 +173,33 @@ def phase(
     }
 
 
+def with_rss(pid: int | None, run_phase: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """`run_phase()` plus the server's RSS peak over it, bytes (every 0.1 s; None: no pid)."""
+    peak, done = [0], threading.Event()
+    proc = psutil.Process(pid) if pid is not None else None
+
+    def sample() -> None:
+        while proc is not None and not done.wait(0.1):
+            peak[0] = max(peak[0], proc.memory_info().rss)
+
+    (sampler := threading.Thread(target=sample)).start()
+    try:
+        r = run_phase()
+    finally:
+        done.set()
+        sampler.join()
+    return {**r, "rss_peak": peak[0] if proc is not None else None}
+
+
 def _row(server: str, phase: str, r: dict[str, Any], idle: dict[str, Any] | None) -> str:
     ratio = "" if idle is None else f"  x{r['health_p99'] / idle['health_p99']:5.1f} idle"
     met = r["health_p99"] <= HEALTH_BOUND_S
     bound = "" if idle is None else ("  <=100ms" if met else "  >100ms")
+    rss = "" if r["rss_peak"] is None else f"   RSS peak {r['rss_peak'] / 2**20:6.0f} MB"
     return (
         f"{server:9s} {phase:24s} /health p50 {r['health_p50'] * 1e3:6.1f} p99 "
         f"{r['health_p99'] * 1e3:6.1f} ms{ratio}{bound}   chat p50 {r['chat_p50'] * 1e3:6.1f} "
-        f"p99 {r['chat_p99'] * 1e3:7.1f} ms"
+        f"p99 {r['chat_p99'] * 1e3:7.1f} ms{rss}"
     )
 
 
@@ -195,14 +215,20 @@ def attack_phases(model: str, clients: int, only: int | None = None) -> list[Pha
 
 
 def run(
-    servers: dict[str, str], model: str, seconds: float, clients: int, only: int | None = None
+    servers: dict[str, str],
+    model: str,
+    seconds: float,
+    clients: int,
+    only: int | None = None,
+    pids: dict[str, int] | None = None,
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """Idle, then each attack (or `only`), then all mixed; each phase on every server in turn.
-    Returns {server: {phase: result}} and prints a row per phase."""
+    Returns {server: {phase: result}}; prints a row per phase (RSS peak: servers in `pids`)."""
     results: dict[str, dict[str, dict[str, Any]]] = {name: {} for name in servers}
     for label, num_clients, bodies in attack_phases(model, clients, only):
         for name, url in servers.items():
-            r = results[name][label] = phase(url, model, seconds, num_clients, bodies)
+            run_phase = functools.partial(phase, url, model, seconds, num_clients, bodies)
+            r = results[name][label] = with_rss((pids or {}).get(name), run_phase)
             print(_row(name, label, r, None if label == "idle" else results[name]["idle"]))
             if label != "idle":
                 print(f"{'':9s}   {r['statuses']}")
@@ -262,7 +288,8 @@ def main() -> None:
             url = next(iter(started.values())).url
             name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
             servers = {label: s.url for label, s in started.items()}
-            run(servers, name, args.seconds, args.clients, args.only)
+            pids = {label: s.proc.pid for label, s in started.items()}
+            run(servers, name, args.seconds, args.clients, args.only, pids)
         finally:
             for server in started.values():
                 server.stop()

@@ -109,6 +109,18 @@ def test_a_long_tokenize_runs_off_the_loop_while_a_plain_chat_completes(
         reply = heavy.result(GUARD_S)
         assert reply.status_code == 200, reply.text
         assert reply.json()["tokens"] == expected
+        assert (
+            reply.content
+            == json.dumps(  # the bytes the JSON encoder wrote before
+                {
+                    "count": len(expected),
+                    "max_model_len": reply.json()["max_model_len"],
+                    "tokens": expected,
+                    "token_strs": None,
+                },
+                separators=(",", ":"),
+            ).encode()
+        )
     assert threads and all(name.startswith("fastllm-offload") for name in threads)
 
 
