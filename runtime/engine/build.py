@@ -135,7 +135,7 @@ def build_parts(
         plan = WarmupPlan.for_engine(controller.config.max_batch)
         run_warmup(core, loaded.tokenizer, plan, args.vocab_size)
     if config.spec.enabled and loaded.is_causal_lm:  # after the warm-up: it times plain steps
-        attach_speculation(core, config.spec, kv_cache)
+        attach_speculation(core, config.spec, kv_cache, max_batch=controller.config.max_batch)
     if loaded.is_causal_lm:  # XGrammar's view of the vocabulary: once per loaded model
         info = tokenizer_info(loaded.tokenizer, args.vocab_size)
         parts.grammars = GrammarCache(info, limits=config.grammar)
