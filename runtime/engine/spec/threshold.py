@@ -17,6 +17,7 @@ The model (one step, b rows, k drafts each, acceptance a per drafted token):
   one-token steps), each costing `draft_share` x T(b) (the quantized decoder's eager step against
   the served one's; 0.7 for int4 measured on SmolLM2 on CPU, docs/speculative.md);
 - gain(b) = E·T(b) / (T(b(k + 1)) + k·draft_share·T(b)): tokens per second against plain decode.
+Sizes slower than a larger one are first read as that one (noise only adds time; `monotone`).
 The threshold is the largest b ≤ max_batch such that every size from 1 to b has gain ≥ 1 (the
 planner drafts at every size up to it). When even batch 1 loses it is 1: a single row keeps
 drafting and its measured acceptance (state.py's pause) decides, not this estimate.
@@ -34,6 +35,7 @@ __all__ = [
     "SpecThreshold",
     "choose_max_batch",
     "expected_emitted",
+    "monotone",
     "speculation_gain",
 ]
 
@@ -73,6 +75,19 @@ def step_seconds(curve: Sequence[tuple[float, float]], tokens: float) -> float:
     return y * tokens / x
 
 
+def monotone(curve: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Each size's time made no more than any larger size's: a step with more rows is never
+    cheaper, and on a shared machine noise only ever adds time, so a knot above a larger one's
+    (a few steps preempted by another process) is the noise, not the curve."""
+    points = sorted(curve)
+    out: list[tuple[float, float]] = []
+    low = float("inf")
+    for x, y in reversed(points):
+        low = min(low, y)
+        out.append((x, low))
+    return out[::-1]
+
+
 def speculation_gain(
     curve: Sequence[tuple[float, float]],
     batch: int,
@@ -97,6 +112,7 @@ def choose_max_batch(
     `curve`: (tokens, seconds) of plain steps of one-token rows, at least two distinct sizes."""
     if len({x for x, _ in curve}) < 2 or any(x <= 0 or y <= 0 for x, y in curve):
         raise ValueError(f"need step times at two batch sizes or more, got {list(curve)}")
+    curve = monotone(curve)
     gain_at_1 = speculation_gain(curve, 1, k, acceptance, draft_share)
     if gain_at_1 < 1.0:
         return SpecThreshold(1, "measured", gain_at_1)

@@ -18,6 +18,7 @@ from runtime.engine.spec.threshold import (
     DEFAULT_MAX_BATCH,
     choose_max_batch,
     expected_emitted,
+    monotone,
     speculation_gain,
     step_seconds,
 )
@@ -71,6 +72,22 @@ def test_the_knee_and_the_draft_cost_move_the_threshold() -> None:
     )
     cheap_draft = choose_max_batch(FLAT, k=4, acceptance=0.95, max_batch=64, draft_share=0.1)
     assert cheap_draft.max_batch > 1
+
+
+def test_a_noisy_small_size_does_not_decide() -> None:
+    # a size preempted during the sweep (slower than larger sizes) is read as the larger's time
+    noisy = [(1.0, 0.010), (2.0, 0.050), (4.0, 0.010), (8.0, 0.010), (16.0, 0.020)]
+    assert monotone(noisy) == [
+        (1.0, 0.010),
+        (2.0, 0.010),
+        (4.0, 0.010),
+        (8.0, 0.010),
+        (16.0, 0.020),
+    ]
+    clean = [(1.0, 0.010), (2.0, 0.010), (4.0, 0.010), (8.0, 0.010), (16.0, 0.020)]
+    assert choose_max_batch(noisy, k=4, acceptance=0.6, max_batch=16) == choose_max_batch(
+        clean, k=4, acceptance=0.6, max_batch=16
+    )
 
 
 def test_too_few_sizes_is_an_error() -> None:
