@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.engine.batching.controller import AdaptiveBatchController, BusyTracker
+from runtime.engine.batching.step_model import StepTimeModel
 from runtime.engine.batching.warmup import WarmupPlan
 from runtime.engine.config import EngineConfig
 from runtime.engine.constraints.cache import GrammarCache
@@ -135,7 +136,13 @@ def build_parts(
         plan = WarmupPlan.for_engine(controller.config.max_batch)
         run_warmup(core, loaded.tokenizer, plan, args.vocab_size)
     if config.spec.enabled and loaded.is_causal_lm:  # after the warm-up: it times plain steps
-        speculation = build_speculation(config.spec, kv_cache, loaded)
+        speculation = build_speculation(
+            config.spec,
+            kv_cache,
+            loaded,
+            curve=warmup_curve(controller),
+            max_batch=controller.config.max_batch,
+        )
         core.scheduler.speculator = speculation.speculator
         core.runner.drafter = speculation.drafter
     if loaded.is_causal_lm:  # XGrammar's view of the vocabulary: once per loaded model
@@ -198,3 +205,15 @@ def _debug_leaker(parts: EngineParts, num_blocks: int) -> Callable[[Sequence], N
             parts.debug_leaked.append(block)
 
     return leak
+
+
+def warmup_curve(controller: AdaptiveBatchController) -> list[tuple[float, float]]:
+    """(tokens, seconds) of the warm-up sweep's plain steps (one knot per batch size, each a mean
+    of its steps: one-token rows, so tokens = rows); empty without a sweep."""
+    model = getattr(controller.source, "model", None)
+    if not isinstance(model, StepTimeModel):
+        return []
+    fit = model.fit()
+    if fit is None:
+        return []
+    return [(knot.features[0], knot.seconds) for knot in fit.reference if knot.seconds > 0]

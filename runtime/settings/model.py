@@ -83,8 +83,11 @@ class ModelSettings(BaseModel):
     speculative_draft_quant: str = Field(
         "int4", pattern="^(int4|int8)$", description="self_draft: the draft's weight format"
     )
-    max_batch_for_speculation: int = Field(
-        8, ge=1, description="a step with more sequences than this runs without speculation"
+    max_batch_for_speculation: int | None = Field(
+        None,
+        ge=1,
+        description="a step with more sequences than this runs without speculation; unset or "
+        "'auto': measured at the batch warm-up (8 with batch_warmup off)",
     )
 
     # --- tensor parallelism (runtime.engine.tp, docs/deployment.md) ---------------------------
@@ -102,6 +105,14 @@ class ModelSettings(BaseModel):
     def _split_loras(cls, value: Any) -> Any:
         if isinstance(value, str):
             return [item.strip() for item in value.split(",") if item.strip()]
+        return value
+
+    @field_validator("max_batch_for_speculation", mode="before")
+    @classmethod
+    def _auto_spec_batch(cls, value: Any) -> Any:
+        # "auto" (or an empty env value) leaves it to the warm-up's measurement
+        if isinstance(value, str) and value.strip().lower() in ("auto", ""):
+            return None
         return value
 
     @field_validator("loras")

@@ -20,8 +20,9 @@ class SpecConfig:
     ngram_min: int = 2  # shortest suffix of the sequence looked up in its earlier tokens
     ngram_max: int = 4  # longest one (the longest match wins)
     draft_quant: str = "int4"  # self_draft: the draft's weights (int4 | int8)
-    # a step with more rows than this runs without speculation (drafts steal compute there)
-    max_batch_for_speculation: int = 8
+    # a step with more rows than this runs without speculation (drafts steal compute there);
+    # None: measured after the engine's warm-up sweep (spec/threshold.py), 8 without one
+    max_batch_for_speculation: int | None = None
     # a request pauses drafting (state.py) when its recent acceptance, judged after at least
     # `min_drafts_to_judge` drafted tokens, is below this: its verified chunks cost more than the
     # tokens they save
@@ -51,7 +52,7 @@ class SpecConfig:
                 f"speculative_draft_quant={self.draft_quant!r}: expected int4 or int8",
                 param="speculative_draft_quant",
             )
-        if self.max_batch_for_speculation < 1:
+        if self.max_batch_for_speculation is not None and self.max_batch_for_speculation < 1:
             raise ConfigError(
                 f"max_batch_for_speculation={self.max_batch_for_speculation}: expected >= 1",
                 param="max_batch_for_speculation",

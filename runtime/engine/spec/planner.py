@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 from runtime.engine.spec.config import SpecConfig
 from runtime.engine.spec.ngram import propose_ngram
 from runtime.engine.spec.state import SpecState
+from runtime.engine.spec.threshold import DEFAULT_MAX_BATCH, SpecThreshold
 
 if TYPE_CHECKING:
     from runtime.engine.spec.rows import SpecBatch, SpecItem, SpecSeq
@@ -49,9 +50,16 @@ def spec_eligible(seq: SpecSeq) -> bool:
 
 
 class Speculator:
-    def __init__(self, config: SpecConfig, kv: _KV) -> None:
+    def __init__(self, config: SpecConfig, kv: _KV, threshold: SpecThreshold | None = None) -> None:
         self.config = config
         self.kv = kv
+        # a step with more sequences drafts nothing: what attach resolved (the setting, the
+        # warm-up's measurement or the default), else the setting or the default
+        if threshold is None:
+            given = config.max_batch_for_speculation
+            threshold = SpecThreshold(given or DEFAULT_MAX_BATCH, "setting" if given else "default")
+        self.threshold = threshold
+        self.max_batch = threshold.max_batch
 
     @property
     def method(self) -> str:
@@ -60,7 +68,7 @@ class Speculator:
     def plan(self, out: SpecBatch, budget_left: int) -> None:
         """Draft for the step's decode rows that may speculate (see the module doc)."""
         config = self.config
-        if len(out.items) > config.max_batch_for_speculation:
+        if len(out.items) > self.max_batch:
             return  # the step's rows already fill it: drafts would take their compute
         for item in out.items:
             if budget_left <= 0:
