@@ -160,7 +160,13 @@ def test_load_unload_over_http_returns_bytes(
         f"{served.url}/v1/unload_lora_adapter", json={"lora_name": "a2"}, headers=ADMIN
     )
     assert gone.status_code == 200, gone.text
-    assert engine.allocator_stats().bytes_in_use == baseline
+    # the reply can reach the client before the engine thread has closed the request's sequence
+    # (a small block comes back then, not a leak: a loaded full run saw 64 KiB still in use)
+    deadline = time.monotonic() + 30
+    while engine.allocator_stats().bytes_in_use != baseline and time.monotonic() < deadline:
+        time.sleep(0.05)
+    live = [(b.owner, b.reserved_bytes, b.tier) for b in engine.leak_report()]
+    assert engine.allocator_stats().bytes_in_use == baseline, live
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="a2", prompt="Hi", max_tokens=2)
     missing = httpx.post(
