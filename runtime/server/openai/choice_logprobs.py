@@ -16,6 +16,7 @@ from runtime.engine.request import TokenOutput
 from runtime.models.tokenizer import Tokenizer
 from runtime.server.openai.logprobs import (
     CompletionShaper,
+    EchoedPrompt,
     TokenTexts,
     chat_logprobs,
     completion_shaper,
@@ -37,6 +38,9 @@ class CompletionChoiceShapers:
         self.body = body
         self.prompt_ids = prompt_ids
         self.shapers: dict[int, CompletionShaper] = {}
+        # one text cache for the body, one echoed prompt per prompt: its `n` choices share them
+        self.texts = TokenTexts(tokenizer, body.return_tokens_as_token_ids)
+        self.echoed: dict[int, EchoedPrompt] = {}
 
     @property
     def active(self) -> bool:
@@ -55,7 +59,12 @@ class CompletionChoiceShapers:
         if shaper is None:
             p = index // self.body.n
             shaper = self.shapers[index] = completion_shaper(
-                self.tokenizer, self.body.prompts[p], self.prompt_ids[p], self.body
+                self.tokenizer,
+                self.body.prompts[p],
+                self.prompt_ids[p],
+                self.body,
+                texts=self.texts,
+                echoed=self.echoed.setdefault(p, EchoedPrompt()),
             )
         return shaper.shape(outputs, text)
 

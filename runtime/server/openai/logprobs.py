@@ -157,6 +157,17 @@ def prompt_positions(prompt_ids: Sequence[int], out: TokenOutput) -> list[Positi
 
 
 @dataclass
+class EchoedPrompt:
+    """One prompt's echoed logprob rows, built once and shared by its `n` choices (each choice
+    carries the same prompt entries; building them per choice was most of an echo + logprobs
+    reply's GIL time)."""
+
+    entries: Sequence[TokenLogprob | None] | None = None
+    rows: dict[str, Any] | None = None
+    end_offset: int = 0
+
+
+@dataclass
 class CompletionShaper:
     """A completion choice's `text` and `logprobs` from engine outputs, whole or chunk by chunk:
     `echo` puts the prompt (its text, and with logprobs its positions) before the first one."""
@@ -167,33 +178,57 @@ class CompletionShaper:
     with_logprobs: bool
     drop_sampled: bool = False  # max_tokens 0 with echo: the prompt only
     started: bool = False
+    echoed: EchoedPrompt | None = None  # shared by the choices of one prompt
 
     def __post_init__(self) -> None:
         self.builder = CompletionLogprobsBuilder(self.texts)
 
     def shape(self, outputs: Sequence[TokenOutput], text: str) -> tuple[str, dict[str, Any] | None]:
-        positions: list[Position] = []
+        head: dict[str, Any] | None = None
         if self.drop_sampled:
             text = ""
         if not self.started:
             self.started = True
             if self.echo_text is not None:
                 text = self.echo_text + text
-                if outputs:
-                    positions = prompt_positions(self.prompt_ids, outputs[0])
+                if outputs and self.with_logprobs:
+                    head = self._prompt_rows(outputs[0])
         if not self.with_logprobs:
             return text, None
-        if not self.drop_sampled:
-            positions += sampled_positions(outputs)
-        return text, self.builder.build(positions)
+        positions = [] if self.drop_sampled else sampled_positions(outputs)
+        tail = self.builder.build(positions)
+        if head is None:
+            return text, tail
+        return text, {key: head[key] + tail[key] for key in tail}
+
+    def _prompt_rows(self, out: TokenOutput) -> dict[str, Any]:
+        echoed = self.echoed
+        entries = out.prompt_logprobs
+        if echoed is not None and echoed.rows is not None and echoed.entries == entries:
+            self.builder.offset = echoed.end_offset  # the same prompt, the same rows
+            return echoed.rows
+        rows = self.builder.build(prompt_positions(self.prompt_ids, out))
+        if echoed is not None:
+            echoed.entries, echoed.rows, echoed.end_offset = entries, rows, self.builder.offset
+        return rows
 
 
 def completion_shaper(
-    tokenizer: Tokenizer, prompt: str | list[int], prompt_ids: list[int], body: ShapedBody
+    tokenizer: Tokenizer,
+    prompt: str | list[int],
+    prompt_ids: list[int],
+    body: ShapedBody,
+    *,
+    texts: TokenTexts | None = None,
+    echoed: EchoedPrompt | None = None,
 ) -> CompletionShaper:
+    """`texts` and `echoed`: shared by the choices of one body (CompletionChoiceShapers)."""
     echo_text = None
     if body.echo:  # the prompt as sent; token ids as their decoding
         echo_text = prompt if isinstance(prompt, str) else tokenizer.decode(prompt_ids)
-    texts = TokenTexts(tokenizer, body.return_tokens_as_token_ids)
+    if texts is None:
+        texts = TokenTexts(tokenizer, body.return_tokens_as_token_ids)
     with_logprobs = body.logprobs is not None
-    return CompletionShaper(texts, prompt_ids, echo_text, with_logprobs, body.max_tokens == 0)
+    return CompletionShaper(
+        texts, prompt_ids, echo_text, with_logprobs, body.max_tokens == 0, echoed=echoed
+    )
