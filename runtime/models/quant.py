@@ -68,6 +68,24 @@ class QuantizedLinear(nn.Module):
         return weight[index]
 
 
+# torch's CPU int8 weight-only GEMM loads its operands with aligned AVX-512 moves and kills the
+# process with a general protection fault where they are not (measured, torch 2.13 on a
+# Sapphire Rapids CPU): codes starting 1 byte off, or rows of K codes with K not a multiple of
+# 16 (a tensor-parallel shard of a small model), once a call has 4 rows or more; an input
+# starting 16 bytes off at any row count. safetensors hands out mmap views at whatever offset
+# the file's layout gives, and torch's allocator aligns to 64 bytes.
+_KERNEL_ALIGNMENT = 64
+_KERNEL_K_MULTIPLE = 16
+
+
+def _kernel_aligned(t: Tensor) -> Tensor:
+    """`t` contiguous and starting on a 64-byte boundary: itself when it is, else a copy."""
+    t = t.contiguous()
+    if t.device.type != "cpu" or t.data_ptr() % _KERNEL_ALIGNMENT == 0:
+        return t
+    return t.clone()
+
+
 def _bf16_exact(t: Tensor) -> Tensor:
     """fp32 values that bf16 represents exactly (the kernel's scale dtype)."""
     return t.to(torch.bfloat16).float()
@@ -78,6 +96,7 @@ class Int8Linear(QuantizedLinear):
 
     method = "int8"
     codes: Tensor  # [out, in] int8
+    kernel_codes: Tensor  # `codes`, or on CPU with in % 16 != 0 a copy with zero columns added
     scales: Tensor  # [out] fp32, bf16-exact (the reference's copy)
     scales_bf16: Tensor  # [out] the kernel's copy
 
@@ -88,7 +107,12 @@ class Int8Linear(QuantizedLinear):
                 f"int8 weights need int8 codes [out, in] and scales [out]; got codes "
                 f"{codes.dtype} {list(codes.shape)}, scales {list(scales.shape)}"
             )
-        self.register_buffer("codes", codes.contiguous(), persistent=False)  # [out, in]
+        codes = _kernel_aligned(codes)
+        self.register_buffer("codes", codes, persistent=False)  # [out, in]
+        # zero columns change no product; the input gets the same zeros in `forward`
+        self.pad = -codes.shape[1] % _KERNEL_K_MULTIPLE if codes.device.type == "cpu" else 0
+        kernel_codes = nn.functional.pad(codes, (0, self.pad)) if self.pad else codes
+        self.register_buffer("kernel_codes", kernel_codes, persistent=False)
         self.register_buffer("scales", _bf16_exact(scales.float()), persistent=False)  # [out]
         self.register_buffer("scales_bf16", self.scales.to(torch.bfloat16), persistent=False)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
@@ -119,7 +143,11 @@ class Int8Linear(QuantizedLinear):
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1]).to(torch.bfloat16)
-        y = torch._weight_int8pack_mm(x2, self.codes, self.scales_bf16).to(x.dtype)
+        if self.pad:  # a fresh, aligned copy
+            x2 = nn.functional.pad(x2, (0, self.pad))
+        elif not torch.compiler.is_compiling():  # a compiled graph's buffers are its own
+            x2 = _kernel_aligned(x2)  # a bf16 input is not copied by `.to`: it may be a view
+        y = torch._weight_int8pack_mm(x2, self.kernel_codes, self.scales_bf16).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features)

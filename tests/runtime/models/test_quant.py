@@ -277,3 +277,33 @@ def test_add_to_accumulates_the_layer_output_in_place(method: str) -> None:
     out = torch.ones(3, 128)
     same = layer.add_to_(out, x)  # type: ignore[operator]
     assert same is out and torch.equal(out, 1 + layer(x))
+
+
+@pytest.mark.parametrize("out_f, in_f", [(1536, 576), (64, 40)])
+def test_int8_codes_and_inputs_off_the_kernels_alignment_are_served_not_fatal(
+    out_f: int, in_f: int
+) -> None:
+    """torch's CPU int8 kernel loads with aligned AVX-512 moves and killed the process (a general
+    protection fault: two pytest workers in each full run, in the tensor-parallel tests) on codes
+    1 byte off, on rows of 40 codes (a TP=2 shard of the demo llama) at 4 rows, and on an input
+    16 bytes off. safetensors hands out mmap views at whatever offset the file gives, and a
+    bf16 input can be a view. The layer keeps aligned, 16-wide codes and copies such an input;
+    the product is the dequantized weight's. A regression kills the worker running this test:
+    a failure either way."""
+    weight, bias = _weights(out_f, in_f)
+    aligned = Int8Linear.quantize(weight, bias)
+    store = torch.empty(aligned.codes.numel() + 1, dtype=torch.int8)
+    off_codes = store[1:].view_as(aligned.codes)
+    off_codes.copy_(aligned.codes)
+    assert off_codes.data_ptr() % 64 != 0
+    layer = Int8Linear(off_codes, aligned.scales, bias)
+    assert layer.codes.data_ptr() % 64 == 0 and layer.kernel_codes.shape[1] % 16 == 0
+    x = torch.randn(4, in_f, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    buffer = torch.empty(x.numel() + 8, dtype=torch.bfloat16)
+    off_x = buffer[8:].view_as(x)
+    off_x.copy_(x)
+    assert off_x.data_ptr() % 64 != 0
+    out = layer(off_x)
+    torch.testing.assert_close(out, aligned(x), rtol=0, atol=0)
+    expected = F.linear(x.float(), layer.weight, bias)
+    assert (out.float() - expected).abs().max() <= KERNEL_REL_TOL * expected.abs().max()
