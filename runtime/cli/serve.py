@@ -145,6 +145,7 @@ def command(
     """
     from runtime.models.gguf_io import check_gguf, is_gguf
     from runtime.server import create_app, run_server
+    from runtime.server.app import freeze_startup_heap
     from runtime.server.edge.connections import ConnectionLimits
     from runtime.server.preflight import preflight
 
@@ -199,6 +200,7 @@ def command(
             INSTALL_HINT,
         )
     app = create_app(settings)
+    app.state.fastllm.after_load.append(freeze_startup_heap)
     base = f"http://{settings.host}:{settings.port}"
     click.echo(
         f"serving {settings.served_model_name} on {base}/v1 "

@@ -49,6 +49,7 @@ class ServerState:
     start_span: SpanStarter | None = None
     on_start: list[Callable[[], None]] = field(default_factory=list)  # lifespan start, in order
     on_stop: list[Callable[[], None]] = field(default_factory=list)  # lifespan end, reversed
+    after_load: list[Callable[[], None]] = field(default_factory=list)  # every engine loaded
     created: int = field(default_factory=lambda: int(time.time()))
     load_error: str | None = None  # why a model failed to load (the /ready body says so)
     is_loading: bool = False
