@@ -107,7 +107,9 @@ async def _load(state: ServerState) -> None:
         log.error("%s", state.load_error)
     finally:
         state.is_loading = False
-    for hook in state.after_load if state.load_error is None else ():
+    if state.load_error is not None:
+        return
+    for hook in state.after_load:
         try:
             hook()
         except Exception:  # a hook is an optimisation: the loaded engines still serve

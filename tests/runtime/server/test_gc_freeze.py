@@ -48,6 +48,24 @@ def test_after_load_hooks_run_once_every_engine_has_loaded(
     assert gc.get_freeze_count() == 0  # an app built in-process froze nothing of its host
 
 
+def test_a_failing_after_load_hook_is_logged_and_the_model_still_serves(
+    demo_model_dir: Callable[[str], Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken() -> None:
+        raise RuntimeError("hook broke")
+
+    make_router = router_of(llama=partial(engine_for, demo_model_dir("llama"), name="llama"))
+    state = build_state(light_settings(), make_router=make_router)
+    state.after_load.append(broken)
+    with TestClient(create_app(state.settings, state=state)) as client:
+        deadline = time.monotonic() + 120
+        while "hook broke" not in caplog.text:
+            assert time.monotonic() < deadline, "the hook never ran"
+            time.sleep(0.05)
+        assert client.get("/ready").status_code == 200
+    assert state.load_error is None
+
+
 def test_serve_freezes_the_heap_after_the_load(
     monkeypatch: pytest.MonkeyPatch, demo_model_dir: Callable[[str], Path]
 ) -> None:
