@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
+from runtime.errors import ModelLoadError
 from runtime.models import CausalLM, load_model
 from runtime.models.gguf_io import GGUFSource, check_gguf, model_args, open_gguf
 from runtime.tools.convert_gguf import convert_gguf
@@ -116,3 +119,52 @@ def test_convert_writes_a_directory_that_loads_the_same(
         assert torch.equal(converted.model.state_dict()[key], tensor), key
     assert converted.tokenizer is not None and direct.tokenizer is not None
     assert converted.tokenizer.vocab_size == direct.tokenizer.vocab_size == 320
+
+
+def test_metadata_arrays_read_as_ggufs_own_reader_reads_them(tmp_path: Path) -> None:
+    """open_gguf builds array fields without gguf's per-element slicing (reader._array_parts):
+    every kind of array, non-ASCII strings and a big-endian file give gguf's own
+    reader's fields (types, data indices, part bytes) and contents; a string array cut short
+    is one line."""
+    import gguf
+
+    from runtime.models.gguf_io.reader import _checked_reader
+
+    kinds = gguf.GGUFValueType
+    arrays: dict[str, tuple[list[Any], Any]] = {
+        "t.strings": (["a", "", "héllo wörld", "Ġthe", "<|im_end|>"], kinds.STRING),
+        "t.i32": ([1, -2, 3, 2**31 - 1], kinds.INT32),
+        "t.u8": ([0, 255, 7], kinds.UINT8),
+        "t.f32": ([0.5, -1.25, 3e30], kinds.FLOAT32),
+        "t.f64": ([0.1, 2.5], kinds.FLOAT64),
+        "t.u64": ([2**63 + 5, 0], kinds.UINT64),
+        "t.bools": ([True, False, True], kinds.BOOL),
+    }
+    for endianess in (gguf.GGUFEndian.LITTLE, gguf.GGUFEndian.BIG):
+        path = tmp_path / f"{endianess.name}.gguf"
+        writer = gguf.GGUFWriter(str(path), "llama", endianess=endianess)
+        writer.add_string("t.scalar", "x")
+        for key, (values, item) in arrays.items():
+            writer.add_key_value(key, values, kinds.ARRAY, item)
+        writer.add_tensor("w", np.zeros((2, 4), dtype=np.float32))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        reference = gguf.GGUFReader(str(path))
+        ours = _checked_reader(gguf, path, path.stat().st_size)
+        assert list(ours.fields) == list(reference.fields)
+        for name, want in reference.fields.items():
+            got = ours.fields[name]
+            assert (got.offset, got.types, got.data) == (want.offset, want.types, want.data), name
+            assert [bytes(p) for p in got.parts] == [p.tobytes() for p in want.parts], name
+            assert got.contents() == want.contents(), name
+        metadata = open_gguf(path).metadata
+        for key, (values, _) in arrays.items():
+            assert metadata[key] == pytest.approx(values) if key.startswith("t.f") else values
+    # the last string of t.strings cut to 2 of its 10 bytes: gguf's reader fails too
+    data = (tmp_path / "LITTLE.gguf").read_bytes()
+    cut = data.index(b"<|im_end|>") + 2
+    (tmp_path / "short.gguf").write_bytes(data[:cut])
+    with pytest.raises(ModelLoadError, match="not a readable GGUF file"):
+        open_gguf(tmp_path / "short.gguf")
