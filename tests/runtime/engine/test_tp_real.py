@@ -26,7 +26,7 @@ from runtime.engine.tp.build import check, model_args_of
 from runtime.errors import ConfigError
 from runtime.memory.kv_pool import SequenceKV
 from runtime.models.batch_plan import SeqSlice
-from runtime.models.loader import load_model
+from runtime.models.loader import LoadedModel, load_model
 from runtime.models.parallel.shard import check_tp
 from tests.runtime.engine.support import engine_config, greedy, one_torch_thread, request
 from tests.runtime.engine.test_tp import _shard_logits
@@ -68,10 +68,17 @@ def test_two_ranks_do_not_divide_smollm2(smollm2_gguf: Path) -> None:
     check(engine_config(model_path=smollm2_gguf, tensor_parallel_size=WORLD))  # 3 divides all
 
 
-def test_smollm2_sharded_logits_match_one_process(smollm2_gguf: Path) -> None:
+@pytest.fixture(scope="module")
+def single(smollm2_gguf: Path) -> LoadedModel:
+    """The one-process model, loaded once: the logits test's reference and the one-process
+    engine's model (what its default loader loads: float32 on the CPU, with the tokenizer).
+    Neither changes a weight."""
+    return load_model(smollm2_gguf, device="cpu", dtype="float32")
+
+
+def test_smollm2_sharded_logits_match_one_process(smollm2_gguf: Path, single: LoadedModel) -> None:
     prompt = PROMPTS[0]
     sharded = _shard_logits(smollm2_gguf, prompt, world_size=WORLD)
-    single = load_model(smollm2_gguf, device="cpu", dtype="float32", load_tokenizer=False)
     args = single.args
     kv = SequenceKV.empty(args.num_layers, args.num_kv_heads, args.head_dim, capacity=64)
     ids = torch.tensor(prompt)
@@ -82,10 +89,11 @@ def test_smollm2_sharded_logits_match_one_process(smollm2_gguf: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def served(smollm2_gguf: Path) -> Iterator[tuple[Engine, LiveServer]]:
+def served(smollm2_gguf: Path, single: LoadedModel) -> Iterator[tuple[Engine, LiveServer]]:
     """The one-process engine, and the TP=3 engine behind a live server (its one start here)."""
     common: dict[str, Any] = {"kv_cache_bytes": 16 << 20, "batch_warmup": False}
-    one = Engine(engine_config(model_path=smollm2_gguf, num_threads=1, **common))
+    config = engine_config(model_path=smollm2_gguf, num_threads=1, **common)
+    one = Engine(config, loader=lambda: single)
     split = partial(engine_for, smollm2_gguf, name=NAME, tensor_parallel_size=WORLD, **common)
     try:
         with live_server(
