@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from runtime.engine.offline import generate
 from runtime.engine.sampling import SamplingParams
-from runtime.models import CausalLM, load_model
+from runtime.models import CausalLM
 from runtime.models.loader import LoadedModel
 from tests.fixtures.real_model import SERVED_NAME
 from tests.runtime.models.mixed_text import mixed_lines
@@ -55,8 +55,8 @@ CHATS: list[list[dict[str, str]]] = [
 
 
 @pytest.fixture(scope="module")
-def ours(smollm2_dir: Path) -> LoadedModel:
-    return load_model(smollm2_dir, device="cpu", dtype="float32")
+def ours(smollm2_ours: LoadedModel) -> LoadedModel:
+    return smollm2_ours
 
 
 def chat_ids(hf_tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
@@ -80,9 +80,12 @@ def test_logits_after_chat_prompts_match_transformers(
 
 
 @pytest.fixture(scope="module")
-def served(smollm2_dir: Path) -> Iterator[LiveServer]:
-    # no load-time batch sweep (~10 CPU s on this model): what is tested here is the tokens
-    engine = partial(engine_for, smollm2_dir, name=SERVED_NAME, batch_warmup=False)
+def served(smollm2_dir: Path, ours: LoadedModel) -> Iterator[LiveServer]:
+    # no load-time batch sweep (~10 CPU s on this model): what is tested here is the tokens;
+    # the server's engine on the model the tests load (the same load_model of the same files)
+    engine = partial(
+        engine_for, smollm2_dir, name=SERVED_NAME, batch_warmup=False, loader=lambda: ours
+    )
     make_router = router_of(**{SERVED_NAME: engine})
     with live_server(light_settings(), make_router) as server:
         yield server

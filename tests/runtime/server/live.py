@@ -17,6 +17,7 @@ import uvicorn
 from runtime.config import Settings
 from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.stats import FanOut
+from runtime.models.loader import LoadedModel
 from runtime.server import create_app
 from runtime.server.state import ServerState
 from runtime.server.wiring import build_state
@@ -41,11 +42,19 @@ def light_settings(**overrides: Any) -> Settings:
     return Settings(**fields)
 
 
-def engine_for(path: Path, sink: FanOut, *, name: str, **config: Any) -> Engine:
+def engine_for(
+    path: Path,
+    sink: FanOut,
+    *,
+    name: str,
+    loader: Callable[[], LoadedModel] | None = None,
+    **config: Any,
+) -> Engine:
     """One intra-op thread unless a test asks for more (tests/conftest.py: the workers share two
     cores). It also keeps a server's floats bit-for-bit repeatable: with more, the first steps of
     each size class alternate between thread counts (runtime.engine.threads.StepThreads), and a
-    reduction split another way changes the last bits of a logprob."""
+    reduction split another way changes the last bits of a logprob. `loader`: a model already
+    loaded (engines may share one: runtime.models.fast.build builds its fast path once)."""
     fields: dict[str, Any] = {
         "model_path": path,
         "model_name": name,
@@ -53,7 +62,7 @@ def engine_for(path: Path, sink: FanOut, *, name: str, **config: Any) -> Engine:
         "num_threads": 1,
     }
     fields.update(config)
-    return Engine(EngineConfig(**fields), sink=sink)
+    return Engine(EngineConfig(**fields), sink=sink, loader=loader)
 
 
 def router_of(**engines: Callable[[FanOut], Engine]) -> Callable[[FanOut], Router]:

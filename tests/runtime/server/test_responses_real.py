@@ -31,8 +31,14 @@ GREEDY_TOKENS = 24
 
 
 @pytest.fixture(scope="module")
-def client(smollm2_dir: Path) -> Iterator[openai.OpenAI]:
-    engine = partial(engine_for, smollm2_dir, name=SERVED_NAME, batch_warmup=False)
+def client(smollm2_dir: Path, smollm2_ours: Any) -> Iterator[openai.OpenAI]:
+    engine = partial(
+        engine_for,
+        smollm2_dir,
+        name=SERVED_NAME,
+        batch_warmup=False,
+        loader=lambda: smollm2_ours,  # the group's one load (tests/fixtures/real_model.py)
+    )
     with live_server(light_settings(), router_of(**{SERVED_NAME: engine})) as server:
         url = f"{server.url}/v1"
         with openai.OpenAI(base_url=url, api_key=API_KEY, max_retries=0, timeout=120) as client:
