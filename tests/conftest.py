@@ -37,7 +37,11 @@ def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist (`make test`), one intra-op thread per worker: N workers on fewer
     cores, each with a thread per core, would have OpenMP threads busy-waiting against each
     other's (CPU spent, nothing returned). Servers the tests start inherit it. A test about
-    threads sets its own count (runtime.engine.threads)."""
+    threads sets its own count (runtime.engine.threads).
+    In every process, httpx reuses one default SSL context (tests.fixtures.httpx_ssl)."""
+    from tests.fixtures.httpx_ssl import share_default_ssl_context
+
+    share_default_ssl_context()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         os.environ.setdefault("MKL_NUM_THREADS", "1")
