@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import gc
 import os
 import shutil
 from collections.abc import Iterator
 
 import pytest
+
+from tests.fixtures.garbage import collecting_what_the_test_leaves
 
 pytest_plugins: list[str] = ["tests.fixtures.prometheus"]
 pytest_plugins.append("tests.fixtures.demo_models")  # demo_model_dir, demo_tokenizer_dir
@@ -37,7 +38,11 @@ def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist (`make test`), one intra-op thread per worker: N workers on fewer
     cores, each with a thread per core, would have OpenMP threads busy-waiting against each
     other's (CPU spent, nothing returned). Servers the tests start inherit it. A test about
-    threads sets its own count (runtime.engine.threads)."""
+    threads sets its own count (runtime.engine.threads).
+    In every process, httpx reuses one default SSL context (tests.fixtures.httpx_ssl)."""
+    from tests.fixtures.httpx_ssl import share_default_ssl_context
+
+    share_default_ssl_context()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         os.environ.setdefault("MKL_NUM_THREADS", "1")
@@ -80,7 +85,10 @@ _DATABASE_FIXTURES = frozenset({"postgres_url", "postgres_cluster", "db_url", "e
 def _collect_garbage_after_database_tests(request: pytest.FixtureRequest) -> Iterator[None]:
     """Collect after every test that touches a database, so a leaked connection warns (an error
     here) in the test that leaked it, not in whichever later test the collector runs in. Only
-    those: one full collection costs ~0.4 s with torch and transformers loaded."""
-    yield
-    if _DATABASE_FIXTURES.intersection(request.fixturenames):
-        gc.collect()
+    those, and only what the test created (tests.fixtures.garbage): a full collection costs
+    ~0.4 s with torch and transformers loaded."""
+    if not _DATABASE_FIXTURES.intersection(request.fixturenames):
+        yield
+        return
+    with collecting_what_the_test_leaves():
+        yield

@@ -4,6 +4,7 @@ wiring `fastllm serve` uses) on loopback, and a steady client load against it.""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -44,10 +45,16 @@ def live_runtime(settings: Settings) -> Iterator[LiveServer]:
 
 
 class SteadyLoad:
-    """`num_clients` threads each sending short completions back to back until `stop()`."""
+    """`num_clients` threads each sending short completions until `stop()`: back to back, or at
+    most one per `interval_s` each (the rest of the interval waited on the stop event, not spun),
+    so a test that needs a steady flow of requests, not as many as the CPU allows, pays for no
+    more than it needs."""
 
-    def __init__(self, url: str, *, num_clients: int = 2, max_tokens: int = 8) -> None:
+    def __init__(
+        self, url: str, *, num_clients: int = 2, max_tokens: int = 8, interval_s: float = 0.0
+    ) -> None:
         self.url = f"{url}/v1/completions"
+        self.interval_s = interval_s
         self.body = {"model": MODEL, "prompt": "the quick brown fox", "max_tokens": max_tokens}
         self.num_ok = 0
         self.failures: list[str] = []
@@ -65,12 +72,14 @@ class SteadyLoad:
     def _client(self) -> None:
         with httpx.Client(timeout=60.0) as client:
             while not self._stop.is_set():
+                sent = time.monotonic()
                 response = client.post(self.url, json=self.body)
                 with self._lock:
                     if response.status_code == 200:
                         self.num_ok += 1
                     else:
                         self.failures.append(f"{response.status_code} {response.text[:200]}")
+                self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - sent)))
 
     def stop(self) -> None:
         self._stop.set()

@@ -11,6 +11,11 @@ within 24h*s. With s = 0.005 that is a 432 s horizon; the allocator's total is k
 (1024 fp32) per request at >= 1 request/s leak >= 262 KB/s, about 7x that. Without the leak the
 allocator only holds KV blocks that come and go (a sawtooth of ~32 KiB per running sequence),
 whose floor does not rise and whose trend is far below the total.
+
+The load is paced (LOAD_INTERVAL_S per client: at most 20 requests/s, >= 1/s while the server
+answers within a second): back to back, two clients made ~67 requests/s here and the quiet run
+spent most of its CPU serving them, while both runs need only a steady flow of requests (each
+leaking, or each taking KV blocks and giving them back).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ COVER_S = 2 * (30 + 10) * 60 * TIME_SCALE
 MIN_ROUNDS = 24
 TIMEOUT_S = 120.0  # a failure bound only: reaching it fails the test
 LEAK_BLOCKS = 64
+LOAD_INTERVAL_S = 0.1
 KV_CACHE_BYTES = 16 << 20
 UTILIZATION_ALERTS = {"FastllmDeviceUtilizationLow", "FastllmDeviceUtilizationHigh"}
 
@@ -75,7 +81,7 @@ def run(model_dir: Path, db: Path, webhook_url: str, *, leak: int, until_fired: 
     with live_runtime(settings) as server:
         engine = server.state.engines[0]
         baseline = engine.allocator_stats().bytes_in_use
-        load = SteadyLoad(server.url, num_clients=2).start()
+        load = SteadyLoad(server.url, num_clients=2, interval_s=LOAD_INTERVAL_S).start()
         store = MetricStore(f"sqlite:///{db}")
         deadline = time.monotonic() + TIMEOUT_S
         rounds_seen = Rounds(store)

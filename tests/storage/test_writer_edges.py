@@ -6,7 +6,6 @@ database "down" is a SQLite file whose write lock another connection holds."""
 from __future__ import annotations
 
 import dataclasses
-import gc
 import json
 import logging
 import sqlite3
@@ -26,6 +25,7 @@ from storage.models import InferenceLog
 from storage.rows import request_row
 from storage.spool import Spool
 from storage.writer import InferenceLogWriter
+from tests.fixtures.garbage import collecting_what_the_test_leaves
 from tests.storage.factories import probe, request_stats
 from tests.storage.test_spool import _sqlite_locked
 
@@ -34,9 +34,10 @@ WAIT_S = 10.0  # bound on every wait below; reaching it is a failure, never a sp
 
 @pytest.fixture(autouse=True)
 def _collect_garbage() -> Iterator[None]:
-    """A leaked connection warns (an error) in the test that leaked it."""
-    yield
-    gc.collect()
+    """A leaked connection warns (an error) in the test that leaked it (what the test created
+    is collected, not the whole heap: tests.fixtures.garbage)."""
+    with collecting_what_the_test_leaves():
+        yield
 
 
 def _wait_until(cond: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:

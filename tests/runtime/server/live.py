@@ -116,10 +116,12 @@ class LiveServer:
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
-        while httpx.get(f"{self.url}/ready").status_code != 200:
-            assert self.state.load_error is None, self.state.load_error
-            assert time.monotonic() < deadline, "server did not become ready"
-            time.sleep(0.05)
+        # one client for every probe (tests/fixtures/ready.wait_ready says why)
+        with httpx.Client() as client:
+            while client.get(f"{self.url}/ready").status_code != 200:
+                assert self.state.load_error is None, self.state.load_error
+                assert time.monotonic() < deadline, "server did not become ready"
+                time.sleep(0.05)
 
     def stop(self) -> None:
         self.server.should_exit = True
