@@ -211,6 +211,11 @@ class GrammarCache:
                 num_timeouts=self._pool.num_killed if self._pool is not None else 0,
             )
 
+    def warm(self) -> None:
+        """The compile workers start now (in the background), not at the first compile."""
+        if self._pool is not None:
+            self._pool.warm()
+
     def close(self) -> None:
         """Stops every compile now (workers killed): shutdown does not wait for one."""
         if self._pool is not None:

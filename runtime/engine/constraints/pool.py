@@ -2,12 +2,15 @@
 
 Each of `num_workers` slots is a thread that owns one worker process (worker.py, forked from
 multiprocessing's forkserver, which has XGrammar imported already, so a replacement starts in
-milliseconds). A slot takes the oldest queued job whose tenant runs fewer than
-`workers_per_tenant` compiles, sends it, and watches it: past `compile_timeout_s`, past
-`compile_max_memory_bytes` of the worker's RSS, once no request waits for it any more
-(`abandon`), or at `close`, the worker is killed (SIGKILL: a compile in C++ hears nothing else)
-and replaced, and the job's future fails. So one client's hostile constraint holds one worker
-for one budget at most, and never all of them.
+milliseconds). The workers start at the first job or at `warm()`, not with the pool: the
+forkserver's boot (a Python importing torch, transformers and XGrammar, ~2 s of CPU) is paid only
+by a process that compiles, and not before a server is ready (`fastllm serve` warms its pools as
+it turns ready, so its first constrained request does not wait for the boot either). A slot takes
+the oldest queued job whose tenant runs fewer than `workers_per_tenant` compiles, sends it, and
+watches it: past `compile_timeout_s`, past `compile_max_memory_bytes` of the worker's RSS, once no
+request waits for it any more (`abandon`), or at `close`, the worker is killed (SIGKILL: a compile
+in C++ hears nothing else) and replaced, and the job's future fails. So one client's hostile
+constraint holds one worker for one budget at most, and never all of them.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ class CompilePool:
         self._procs: list[BaseProcess | None] = [None] * limits.num_workers
         self._conns: dict[int, Connection] = {}
         self._closed = False
+        self._is_warm = False  # a job was queued or warm() called: the slots start their workers
         self.num_killed = 0  # workers killed over a budget (time or memory)
         self._threads = [
             threading.Thread(target=self._slot, args=(i,), name=f"fastllm-grammar-{i}", daemon=True)
@@ -80,8 +84,15 @@ class CompilePool:
                 job.future.set_exception(ServiceUnavailable("the server is shutting down"))
                 return job
             self._queue.append(job)
+            self._is_warm = True  # every slot starts its worker, not only the one taking it
             self._cond.notify_all()
         return job
+
+    def warm(self) -> None:
+        """Start every worker now (in the slots' threads; returns at once)."""
+        with self._cond:
+            self._is_warm = True
+            self._cond.notify_all()
 
     def abandon(self, job: CompileJob) -> None:
         """No request waits for `job` any more: out of the queue, or its worker killed."""
@@ -108,7 +119,10 @@ class CompilePool:
     # --- one slot's thread ----------------------------------------------------------------
 
     def _slot(self, index: int) -> None:
-        self._start(index)  # warm before the first request needs it
+        with self._cond:
+            while not (self._is_warm or self._closed):
+                self._cond.wait()
+        self._start(index)
         while True:
             job = self._next(index)
             if job is None:
