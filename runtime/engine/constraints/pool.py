@@ -21,13 +21,13 @@ import os
 import threading
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
 from runtime.engine.constraints.limits import GrammarLimits
-from runtime.engine.constraints.worker import serve
 from runtime.errors import InvalidRequestError, ServiceUnavailable
 
 __all__ = ["CompileBudgetExceeded", "CompileJob", "CompilePool", "WorkerResult"]
@@ -58,9 +58,14 @@ class CompileJob:
 
 
 class CompilePool:
-    def __init__(self, info_json: str, limits: GrammarLimits, *, num_threads: int = 1) -> None:
+    def __init__(
+        self, info_json: str | Callable[[], str], limits: GrammarLimits, *, num_threads: int = 1
+    ) -> None:
+        """`info_json`: the serialized tokenizer info, or what makes it when the first worker
+        starts (in a slot's thread: see GrammarCache)."""
         self.limits = limits
         self._info_json = info_json
+        self._info_lock = threading.Lock()
         self._num_threads = num_threads  # XGrammar's threads inside one worker
         self._cond = threading.Condition()
         self._queue: deque[CompileJob] = deque()
@@ -202,12 +207,15 @@ class CompilePool:
         proc = self._procs[index]
         if proc is not None and proc.is_alive():
             return proc, self._conns[index]
+        from runtime.engine.constraints.worker import serve  # XGrammar: only once a worker starts
+
+        info_json = self._info_json_text()
         ctx = mp.get_context("forkserver")  # a fork of a single-threaded server, XGrammar loaded
         ctx.set_forkserver_preload(["runtime.engine.constraints.worker"])
         parent, child = ctx.Pipe()
         proc = ctx.Process(
             target=serve,
-            args=(child, self._info_json, self._num_threads),
+            args=(child, info_json, self._num_threads),
             name=f"fastllm-grammar-worker-{index}",
             daemon=True,
         )
@@ -218,6 +226,12 @@ class CompilePool:
         if self._closed:  # close() ran while it started: it saw no process to kill
             self._kill(index)
         return proc, parent
+
+    def _info_json_text(self) -> str:
+        with self._info_lock:  # the slots start their workers together: built once
+            if callable(self._info_json):
+                self._info_json = self._info_json()
+            return self._info_json
 
     def _start(self, index: int) -> None:
         if self._closed:
