@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from functools import partial
 from pathlib import Path
 
 import click
@@ -145,7 +146,7 @@ def command(
     """
     from runtime.models.gguf_io import check_gguf, is_gguf
     from runtime.server import create_app, run_server
-    from runtime.server.app import freeze_startup_heap
+    from runtime.server.app import freeze_startup_heap, warm_grammar_workers
     from runtime.server.edge.connections import ConnectionLimits
     from runtime.server.preflight import preflight
 
@@ -201,6 +202,7 @@ def command(
         )
     app = create_app(settings)
     app.state.fastllm.after_load.append(freeze_startup_heap)
+    app.state.fastllm.after_load.append(partial(warm_grammar_workers, app.state.fastllm))
     base = f"http://{settings.host}:{settings.port}"
     click.echo(
         f"serving {settings.served_model_name} on {base}/v1 "

@@ -12,6 +12,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from runtime.engine.batching.controller import AdaptiveBatchController, BusyTracker
@@ -146,7 +147,7 @@ def build_parts(
         core.scheduler.speculator = speculation.speculator
         core.runner.drafter = speculation.drafter
     if loaded.is_causal_lm:  # XGrammar's view of the vocabulary: once per loaded model
-        info = tokenizer_info(loaded.tokenizer, args.vocab_size)
+        info = partial(tokenizer_info, loaded.tokenizer, args.vocab_size)  # at the first compile
         parts.grammars = GrammarCache(info, limits=config.grammar)
     parts.loras = build_registry(config, parts)
     if config.debug_leak_blocks_per_request > 0:

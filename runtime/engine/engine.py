@@ -135,6 +135,12 @@ class Engine(EngineIntrospection):
     def start(self) -> None:
         self._parts.core.start()
 
+    def warm_grammars(self) -> None:
+        """Start the grammar compile workers now (otherwise at the first constrained request)."""
+        parts = self._ready
+        if parts is not None and parts.grammars is not None:
+            parts.grammars.warm()
+
     # --- requests --------------------------------------------------------------------------------
     def submit(self, request: GenerationRequest) -> RequestHandle:
         return self.admit(self.validate(request))

@@ -27,6 +27,7 @@ from runtime.models.checkpoint import TensorSource, open_checkpoint
 from runtime.models.config import ModelArgs
 from runtime.models.families import GemmaForCausalLM, LlamaForCausalLM
 from runtime.models.gguf_io.reader import is_gguf
+from runtime.models.meta import meta_build
 from runtime.models.quantize import QuantizationSummary, quantize_head, quantize_model
 from runtime.models.weights import WeightEntry, is_ignored, weight_table
 
@@ -113,7 +114,7 @@ def load_model(
             param="quantization",
         )
     state = read_state(args, source, torch_dtype, torch_device, prequantized=bool(stored))
-    with torch.device("meta"):
+    with meta_build():
         model = MODEL_CLASSES[args.arch](args)
     summary = None
     if stored:
@@ -170,7 +171,7 @@ def load_gguf_model(
     )
     state = read_state(args, source, torch_dtype, torch_device)
     log.info("%s: dequantized in %.1f s", path, time.perf_counter() - started)
-    with torch.device("meta"):
+    with meta_build():
         model = MODEL_CLASSES[args.arch](args)
     model.load_state_dict(state, strict=True, assign=True)
     model.eval().requires_grad_(False)

@@ -130,6 +130,16 @@ def freeze_startup_heap() -> None:
     log.debug("gc: %d startup objects frozen", gc.get_freeze_count())
 
 
+def warm_grammar_workers(state: ServerState) -> None:
+    """Start every engine's grammar compile workers (in the background: this returns at once).
+    Built engines start them at their first constrained request, so a process that never
+    compiles never boots their forkserver (~2 s of CPU); `serve` runs this after the load
+    (ServerState.after_load), after readiness is decided rather than before, and its first
+    constrained request still finds them warm."""
+    for engine in state.engines:
+        engine.warm_grammars()
+
+
 def _openapi(app: FastAPI) -> dict[str, Any]:
     """FastAPI's schema minus its 422 entries: validation errors are answered as 400 here."""
     if app.openapi_schema is not None:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from runtime.config import Settings
 from runtime.errors import ConfigError
-from storage.errors import StorageError
 
 
 def _invalid(name: str, problem: str, expected: str) -> ConfigError:
@@ -31,7 +30,10 @@ def preflight(settings: Settings) -> None:
 
 
 def _check_storage(settings: Settings) -> None:
+    # imported here: the storage package pulls in SQLAlchemy and Alembic (~0.8 s of CPU), which a
+    # server with storage off never needs
     from storage.db import make_engine
+    from storage.errors import StorageError
     from storage.spool import default_spool_path
 
     expected = "sqlite:///PATH (a writable directory) or postgresql+psycopg://USER@HOST/DB"

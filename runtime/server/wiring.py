@@ -104,7 +104,7 @@ def attach_telemetry(state: ServerState) -> None:
     if not (settings.metrics_enabled or settings.tracing_enabled):
         return
     from monitoring.wiring import create_monitoring
-    from storage.audit import anomaly_threshold  # what the anomaly counter counts against
+    from runtime.verify.tolerance import anomaly_threshold  # what the anomaly counter counts
 
     engines = list(state.router.engines())
     primary = engines[0][2]

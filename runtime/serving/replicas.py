@@ -120,6 +120,10 @@ class ReplicaSet(ReplicaIntrospection):
             engine.start()
         self._start_feeders()
 
+    def warm_grammars(self) -> None:
+        for engine in self.replicas:
+            engine.warm_grammars()
+
     def _start_feeders(self) -> None:
         with self._lock:
             if self._feeders:

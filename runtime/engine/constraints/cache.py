@@ -21,17 +21,19 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-
-import xgrammar as xgr
+from typing import TYPE_CHECKING
 
 from runtime.engine.constraints.limits import GrammarLimits
 from runtime.engine.constraints.pool import CompileJob, CompilePool, WorkerResult
 from runtime.engine.constraints.spec import ConstraintSpec
 
+if TYPE_CHECKING:  # XGrammar is imported where it is used: it pulls in transformers (~0.8 s)
+    import xgrammar as xgr
+
 __all__ = ["Compiled", "GrammarCache", "GrammarCacheStats"]
 
 DEFAULT_CACHE_BYTES = GrammarLimits().cache_max_bytes
-CompileFn = Callable[[xgr.GrammarCompiler, xgr.Grammar], xgr.CompiledGrammar]
+CompileFn = Callable[["xgr.GrammarCompiler", "xgr.Grammar"], "xgr.CompiledGrammar"]
 
 
 @dataclass(frozen=True)
@@ -63,15 +65,20 @@ class _Entry:
 class GrammarCache:
     def __init__(
         self,
-        info: xgr.TokenizerInfo,
+        info: xgr.TokenizerInfo | Callable[[], xgr.TokenizerInfo],
         *,
         max_bytes: int | None = None,
         limits: GrammarLimits | None = None,
         compile_fn: CompileFn | None = None,
     ) -> None:
-        """`compile_fn`: compile in a thread of this process with it instead of the workers
+        """`info`: XGrammar's view of the vocabulary, or what builds it at the first compile or
+        `warm()` (the engine's load passes the builder: building imports XGrammar and
+        transformers, ~0.8 s of CPU a server need not spend before it is ready).
+        `compile_fn`: compile in a thread of this process with it instead of the workers
         (tests order events with it; nothing stops such a compile)."""
-        self.info = info
+        self._info_lock = threading.Lock()
+        self._build_info = info if callable(info) else None
+        self._info = None if callable(info) else info
         self.limits = limits or GrammarLimits()
         self.max_bytes = self.limits.cache_max_bytes if max_bytes is None else max_bytes
         self._lock = threading.Lock()
@@ -81,10 +88,21 @@ class GrammarCache:
         self._pool: CompilePool | None = None
         self._inline: tuple[ThreadPoolExecutor, xgr.GrammarCompiler, CompileFn] | None = None
         if compile_fn is None:
-            self._pool = CompilePool(info.serialize_json(), self.limits)
+            self._pool = CompilePool(lambda: self.info.serialize_json(), self.limits)
         else:
-            compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+            import xgrammar as xgr
+
+            compiler = xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=False)
             self._inline = (ThreadPoolExecutor(1, "fastllm-grammar"), compiler, compile_fn)
+
+    @property
+    def info(self) -> xgr.TokenizerInfo:
+        if self._info is None:
+            with self._info_lock:  # built once, by whichever slot or caller comes first
+                if self._info is None:
+                    assert self._build_info is not None
+                    self._info = self._build_info()
+        return self._info
 
     @property
     def pool(self) -> CompilePool | None:
@@ -134,6 +152,8 @@ class GrammarCache:
 
     def _compiled(self, key: tuple[str, str], entry: _Entry, done: Future[WorkerResult]) -> None:
         """On the pool's slot thread: the worker's grammar, deserialized, into the LRU."""
+        import xgrammar as xgr
+
         try:
             result = done.result()
             grammar = xgr.CompiledGrammar.deserialize_json(result.text, self.info)
@@ -210,6 +230,11 @@ class GrammarCache:
                 num_evictions=self.num_evictions,
                 num_timeouts=self._pool.num_killed if self._pool is not None else 0,
             )
+
+    def warm(self) -> None:
+        """The compile workers start now (in the background), not at the first compile."""
+        if self._pool is not None:
+            self._pool.warm()
 
     def close(self) -> None:
         """Stops every compile now (workers killed): shutdown does not wait for one."""

@@ -10,7 +10,6 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
 import torch
-import xgrammar as xgr
 
 from runtime.engine.constraints.state import ConstraintState
 
@@ -26,6 +25,8 @@ class GrammarMask:
 
     def apply(self, logits: torch.Tensor) -> None:
         """logits [N, vocab], in place."""
+        import xgrammar as xgr  # here, not at import: see spec.py
+
         vocab = logits.shape[-1]
         bitmask = xgr.allocate_token_bitmask(self.num_rows, vocab)  # [N, ceil(vocab/32)] int32
         for row, state, num_outputs in zip(self.rows, self.states, self.num_outputs, strict=True):

@@ -2,12 +2,15 @@
 
 Each of `num_workers` slots is a thread that owns one worker process (worker.py, forked from
 multiprocessing's forkserver, which has XGrammar imported already, so a replacement starts in
-milliseconds). A slot takes the oldest queued job whose tenant runs fewer than
-`workers_per_tenant` compiles, sends it, and watches it: past `compile_timeout_s`, past
-`compile_max_memory_bytes` of the worker's RSS, once no request waits for it any more
-(`abandon`), or at `close`, the worker is killed (SIGKILL: a compile in C++ hears nothing else)
-and replaced, and the job's future fails. So one client's hostile constraint holds one worker
-for one budget at most, and never all of them.
+milliseconds). The workers start at the first job or at `warm()`, not with the pool: the
+forkserver's boot (a Python importing torch, transformers and XGrammar, ~2 s of CPU) is paid only
+by a process that compiles, and not before a server is ready (`fastllm serve` warms its pools as
+it turns ready, so its first constrained request does not wait for the boot either). A slot takes
+the oldest queued job whose tenant runs fewer than `workers_per_tenant` compiles, sends it, and
+watches it: past `compile_timeout_s`, past `compile_max_memory_bytes` of the worker's RSS, once no
+request waits for it any more (`abandon`), or at `close`, the worker is killed (SIGKILL: a compile
+in C++ hears nothing else) and replaced, and the job's future fails. So one client's hostile
+constraint holds one worker for one budget at most, and never all of them.
 """
 
 from __future__ import annotations
@@ -18,13 +21,13 @@ import os
 import threading
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
 from runtime.engine.constraints.limits import GrammarLimits
-from runtime.engine.constraints.worker import serve
 from runtime.errors import InvalidRequestError, ServiceUnavailable
 
 __all__ = ["CompileBudgetExceeded", "CompileJob", "CompilePool", "WorkerResult"]
@@ -55,9 +58,14 @@ class CompileJob:
 
 
 class CompilePool:
-    def __init__(self, info_json: str, limits: GrammarLimits, *, num_threads: int = 1) -> None:
+    def __init__(
+        self, info_json: str | Callable[[], str], limits: GrammarLimits, *, num_threads: int = 1
+    ) -> None:
+        """`info_json`: the serialized tokenizer info, or what makes it when the first worker
+        starts (in a slot's thread: see GrammarCache)."""
         self.limits = limits
         self._info_json = info_json
+        self._info_lock = threading.Lock()
         self._num_threads = num_threads  # XGrammar's threads inside one worker
         self._cond = threading.Condition()
         self._queue: deque[CompileJob] = deque()
@@ -65,6 +73,7 @@ class CompilePool:
         self._procs: list[BaseProcess | None] = [None] * limits.num_workers
         self._conns: dict[int, Connection] = {}
         self._closed = False
+        self._is_warm = False  # a job was queued or warm() called: the slots start their workers
         self.num_killed = 0  # workers killed over a budget (time or memory)
         self._threads = [
             threading.Thread(target=self._slot, args=(i,), name=f"fastllm-grammar-{i}", daemon=True)
@@ -80,8 +89,15 @@ class CompilePool:
                 job.future.set_exception(ServiceUnavailable("the server is shutting down"))
                 return job
             self._queue.append(job)
+            self._is_warm = True  # every slot starts its worker, not only the one taking it
             self._cond.notify_all()
         return job
+
+    def warm(self) -> None:
+        """Start every worker now (in the slots' threads; returns at once)."""
+        with self._cond:
+            self._is_warm = True
+            self._cond.notify_all()
 
     def abandon(self, job: CompileJob) -> None:
         """No request waits for `job` any more: out of the queue, or its worker killed."""
@@ -108,7 +124,10 @@ class CompilePool:
     # --- one slot's thread ----------------------------------------------------------------
 
     def _slot(self, index: int) -> None:
-        self._start(index)  # warm before the first request needs it
+        with self._cond:
+            while not (self._is_warm or self._closed):
+                self._cond.wait()
+        self._start(index)
         while True:
             job = self._next(index)
             if job is None:
@@ -188,12 +207,15 @@ class CompilePool:
         proc = self._procs[index]
         if proc is not None and proc.is_alive():
             return proc, self._conns[index]
+        from runtime.engine.constraints.worker import serve  # XGrammar: only once a worker starts
+
+        info_json = self._info_json_text()
         ctx = mp.get_context("forkserver")  # a fork of a single-threaded server, XGrammar loaded
         ctx.set_forkserver_preload(["runtime.engine.constraints.worker"])
         parent, child = ctx.Pipe()
         proc = ctx.Process(
             target=serve,
-            args=(child, self._info_json, self._num_threads),
+            args=(child, info_json, self._num_threads),
             name=f"fastllm-grammar-worker-{index}",
             daemon=True,
         )
@@ -204,6 +226,12 @@ class CompilePool:
         if self._closed:  # close() ran while it started: it saw no process to kill
             self._kill(index)
         return proc, parent
+
+    def _info_json_text(self) -> str:
+        with self._info_lock:  # the slots start their workers together: built once
+            if callable(self._info_json):
+                self._info_json = self._info_json()
+            return self._info_json
 
     def _start(self, index: int) -> None:
         if self._closed:

@@ -20,8 +20,6 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-import xgrammar as xgr
-
 from runtime.engine.constraints.limits import GrammarLimits
 from runtime.errors import InvalidRequestError
 
@@ -106,6 +104,8 @@ def _check_regex(regex: str, param: str, limits: GrammarLimits) -> None:
             f"a pattern of {len(regex)} characters (grammar_max_regex_chars = "
             f"{limits.max_regex_chars})",
         )
+    import xgrammar as xgr  # here: importing it costs ~0.8 s (transformers), see spec.py
+
     try:  # the parse guided_regex gets: one answer for one regex
         xgr.Grammar.from_regex(regex)
     except (RuntimeError, ValueError, TypeError) as exc:

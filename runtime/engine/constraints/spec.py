@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
-
-import xgrammar as xgr
+from typing import TYPE_CHECKING, Any
 
 from runtime.engine.constraints.limits import GrammarLimits
 from runtime.engine.constraints.rules import check_schema, check_size, engine_message
 from runtime.errors import InvalidRequestError
+
+if TYPE_CHECKING:  # XGrammar is imported where it is used: it pulls in transformers (~0.8 s)
+    import xgrammar as xgr
 
 __all__ = ["CONSTRAINT_KINDS", "ConstraintSpec"]
 
@@ -86,6 +87,8 @@ class ConstraintSpec:
 
     def to_grammar(self) -> xgr.Grammar:
         """XGrammar's grammar for this spec; InvalidRequestError with XGrammar's message."""
+        import xgrammar as xgr
+
         try:
             if self.kind == "json":
                 return xgr.Grammar.from_json_schema(self.source, any_whitespace=False)

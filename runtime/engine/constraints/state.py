@@ -11,13 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future
+from typing import TYPE_CHECKING
 
 import torch
-import xgrammar as xgr
 
 from runtime.engine.constraints.cache import Compiled
 from runtime.engine.constraints.pool import CompileBudgetExceeded
 from runtime.engine.constraints.spec import ConstraintSpec
+
+if TYPE_CHECKING:  # XGrammar is imported where it is used: it pulls in transformers (~0.8 s)
+    import xgrammar as xgr
 
 __all__ = ["ConstraintState"]
 
@@ -40,6 +43,8 @@ class ConstraintState:
 
     def bind(self) -> None:
         """The compile is done: build the matcher (raises the compile's error, if any)."""
+        import xgrammar as xgr
+
         self.matcher = xgr.GrammarMatcher(self.future.result().grammar)
 
     def _bound(self) -> xgr.GrammarMatcher:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
-
-import xgrammar as xgr
+from typing import TYPE_CHECKING, Any
 
 from runtime.models.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # XGrammar is imported where it is used: it pulls in transformers (~0.8 s)
+    import xgrammar as xgr
 
 __all__ = ["tokenizer_info", "vocab_type"]
 
@@ -25,6 +26,8 @@ _CONTROL = re.compile(rb"[\x00-\x09\x0b\x0c\x0e-\x1f]")
 
 def vocab_type(decoder: dict[str, Any] | None) -> xgr.VocabType:
     """From tokenizer.json's `decoder` entry."""
+    import xgrammar as xgr
+
     if not decoder:
         return xgr.VocabType.RAW
     steps = decoder.get("decoders") if decoder.get("type") == "Sequence" else [decoder]
@@ -37,6 +40,8 @@ def vocab_type(decoder: dict[str, Any] | None) -> xgr.VocabType:
 
 
 def tokenizer_info(tokenizer: Tokenizer, model_vocab_size: int) -> xgr.TokenizerInfo:
+    import xgrammar as xgr
+
     vocab = tokenizer.backend.get_vocab(with_added_tokens=True)
     encoded = [""] * model_vocab_size
     for token, index in vocab.items():

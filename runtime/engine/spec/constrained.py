@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 
 import torch
-import xgrammar as xgr
 
 from runtime.engine.constraints.state import ConstraintState
 from runtime.engine.sampling.params import SamplingParams
@@ -36,6 +35,8 @@ def verify_constrained(
     state: ConstraintState,
     num_outputs: int,  # the row's output tokens: what its matcher must have accepted
 ) -> SpecResult:
+    import xgrammar as xgr  # here, not at import (constraints/spec.py says why)
+
     state.sync(num_outputs)  # a step dropped after its matcher advanced (see state.py)
     vocab = logits.shape[-1]
     bitmask = xgr.allocate_token_bitmask(1, vocab)

@@ -23,6 +23,7 @@ from torch import nn
 from runtime.models.checkpoint import TensorSource
 from runtime.models.config import ModelArgs
 from runtime.models.layers import DecoderLayer
+from runtime.models.meta import meta_build
 from runtime.models.parallel.shard import ShardSpec, shard_args
 from runtime.models.parallel.source import ShardedSource, open_source
 from runtime.models.quantize import quantize_model
@@ -75,7 +76,7 @@ class ShardGather:
                 tensor = sharded.get(entry.hf_name).to(device=self.device, dtype=self.dtype)
                 parts.setdefault(entry.target[len(prefix) :], []).append(tensor)
             state = {k: v[0] if len(v) == 1 else torch.cat(v) for k, v in parts.items()}
-            with torch.device("meta"):
+            with meta_build():
                 layer = DecoderLayer(args, index, self.norm_offset, self.act)
             layer.load_state_dict(state, strict=True, assign=True)
             if self.quantization is not None:  # as the worker quantized its shard at load

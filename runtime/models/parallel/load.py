@@ -29,6 +29,7 @@ from runtime.models.loader import (
     resolve_device,
     resolve_dtype,
 )
+from runtime.models.meta import meta_build
 from runtime.models.parallel.comm import make_row_parallel
 from runtime.models.parallel.gather import ShardGather
 from runtime.models.parallel.shard import ShardSpec, check_tp, shard_args
@@ -62,7 +63,7 @@ def load_shard(
     check_tp(full_args, spec.world)
     args = shard_args(full_args, spec.world)
     state = read_state(args, ShardedSource(source, full_args, spec), torch_dtype, torch_device)
-    with torch.device("meta"):
+    with meta_build():
         model = MODEL_CLASSES[args.arch](args)
     model.load_state_dict(state, strict=True, assign=True)
     model.eval().requires_grad_(False)

@@ -32,7 +32,7 @@ ROLLBACK_ALERT = "FastllmCanaryRolledBack"
 
 
 def policy_from_settings(settings: Any) -> RolloutPolicy:
-    from storage.audit import anomaly_threshold  # the audit's and the anomaly counter's
+    from runtime.verify.tolerance import anomaly_threshold  # the audit's and the anomaly counter's
 
     return RolloutPolicy(
         window_s=settings.rollout_window_s,
