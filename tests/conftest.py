@@ -39,10 +39,14 @@ def pytest_configure(config: pytest.Config) -> None:
     cores, each with a thread per core, would have OpenMP threads busy-waiting against each
     other's (CPU spent, nothing returned). Servers the tests start inherit it. A test about
     threads sets its own count (runtime.engine.threads).
-    In every process, httpx reuses one default SSL context (tests.fixtures.httpx_ssl)."""
+    In every process, httpx reuses one default SSL context (tests.fixtures.httpx_ssl).
+    The `fastllm serve` processes the tests start boot their grammar compile workers at their
+    first constrained request, not after the load (`grammar_warm`): ~2.5 s of CPU a server that
+    most never use; tests/runtime/engine/test_grammar_warm.py checks both."""
     from tests.fixtures.httpx_ssl import share_default_ssl_context
 
     share_default_ssl_context()
+    os.environ.setdefault("FASTLLM_GRAMMAR_WARM", "false")
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         os.environ.setdefault("MKL_NUM_THREADS", "1")

@@ -202,7 +202,8 @@ def command(
         )
     app = create_app(settings)
     app.state.fastllm.after_load.append(freeze_startup_heap)
-    app.state.fastllm.after_load.append(partial(warm_grammar_workers, app.state.fastllm))
+    if settings.grammar_warm:
+        app.state.fastllm.after_load.append(partial(warm_grammar_workers, app.state.fastllm))
     base = f"http://{settings.host}:{settings.port}"
     click.echo(
         f"serving {settings.served_model_name} on {base}/v1 "

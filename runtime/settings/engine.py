@@ -111,6 +111,13 @@ class EngineSettings(BaseModel):
     grammar_cache_max_bytes: int = Field(
         64 << 20, ge=0, description="compiled grammars kept, by their measured heap bytes"
     )
+    grammar_warm: bool = Field(
+        True,
+        description="serve starts the compile workers once the model has loaded, so the first "
+        "constrained request does not wait ~2 s for their boot; false: they start at the first "
+        "constrained request (a server that never constrains spends neither their CPU nor the "
+        "memory of their forkserver)",
+    )
     # a constraint past these is a 400 naming its field, before any parse or compile
     grammar_max_regex_chars: int = Field(4096, ge=1)
     grammar_max_schema_bytes: int = Field(64 << 10, ge=2)

@@ -63,7 +63,9 @@ def test_serve_warms_the_grammar_workers_after_the_load(
 
     monkeypatch.setattr(runtime.server, "run_server", capture)
     monkeypatch.setenv("FASTLLM_MALLOC", "glibc")
-    main(["serve", "--model", str(demo_model_dir("llama")), "--port", "0"])
-    (app,) = apps
-    hooks = app.state.fastllm.after_load  # type: ignore[attr-defined]
-    assert any(getattr(hook, "func", None) is warm_grammar_workers for hook in hooks)
+    for warm in ("true", "false"):  # the suite runs its servers with false (tests/conftest.py)
+        monkeypatch.setenv("FASTLLM_GRAMMAR_WARM", warm)
+        main(["serve", "--model", str(demo_model_dir("llama")), "--port", "0"])
+    on, off = (app.state.fastllm.after_load for app in apps)  # type: ignore[attr-defined]
+    assert [getattr(hook, "func", None) for hook in on].count(warm_grammar_workers) == 1
+    assert warm_grammar_workers not in [getattr(hook, "func", None) for hook in off]
