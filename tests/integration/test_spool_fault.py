@@ -76,6 +76,14 @@ def count(db: Path) -> tuple[int, int]:
         ).fetchone()
 
 
+def has_table(db: Path) -> bool:
+    with sqlite3.connect(db) as conn:
+        found = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'inference_log'"
+        ).fetchone()
+    return found is not None
+
+
 def metric(url: str, name: str) -> float:
     total = 0.0
     for line in httpx.get(f"{url}/metrics").text.splitlines():
@@ -90,6 +98,12 @@ def test_rows_queued_while_the_database_is_locked_survive_a_restart(
 ) -> None:
     db, model = tmp_path / "fastllm.db", demo_model_dir("llama")
     with serving(model, db, tmp_path / "first.log") as (url, proc):
+        # the writer's drain thread migrates the file in the background: lock it once the table
+        # is there (a server ready within ~2 s was locked before it, and no table was made)
+        deadline = time.monotonic() + 60
+        while not has_table(db):
+            assert time.monotonic() < deadline, "the server never created inference_log"
+            time.sleep(0.05)
         locker = sqlite3.connect(db, isolation_level=None, timeout=60)
         locker.execute("BEGIN EXCLUSIVE")  # from here on, every write of the server waits, fails
         try:
