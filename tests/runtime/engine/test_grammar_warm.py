@@ -11,13 +11,12 @@ from pathlib import Path
 import pytest
 import xgrammar as xgr
 
-import runtime.server
-from runtime.cli import main
 from runtime.engine.constraints.limits import GrammarLimits
 from runtime.engine.constraints.pool import CompilePool
 from runtime.engine.constraints.vocab import tokenizer_info
 from runtime.models.tokenizer import Tokenizer
 from runtime.server.app import warm_grammar_workers
+from tests.fixtures.serve_hooks import serve_after_load
 
 
 @pytest.fixture(scope="module")
@@ -55,17 +54,9 @@ def test_the_first_job_starts_every_worker(info: xgr.TokenizerInfo) -> None:
 def test_serve_warms_the_grammar_workers_after_the_load(
     monkeypatch: pytest.MonkeyPatch, demo_model_dir: Callable[[str], Path]
 ) -> None:
-    apps: list[object] = []
-
-    def capture(app: object, **kwargs: object) -> int:
-        apps.append(app)
-        return 0
-
-    monkeypatch.setattr(runtime.server, "run_server", capture)
-    monkeypatch.setenv("FASTLLM_MALLOC", "glibc")
-    for warm in ("true", "false"):  # the suite runs its servers with false (tests/conftest.py)
-        monkeypatch.setenv("FASTLLM_GRAMMAR_WARM", warm)
-        main(["serve", "--model", str(demo_model_dir("llama")), "--port", "0"])
-    on, off = (app.state.fastllm.after_load for app in apps)  # type: ignore[attr-defined]
+    model = demo_model_dir("llama")
+    # the suite runs its servers with false (tests/conftest.py)
+    on = serve_after_load(monkeypatch, model, FASTLLM_GRAMMAR_WARM="true")
+    off = serve_after_load(monkeypatch, model, FASTLLM_GRAMMAR_WARM="false")
     assert [getattr(hook, "func", None) for hook in on].count(warm_grammar_workers) == 1
     assert warm_grammar_workers not in [getattr(hook, "func", None) for hook in off]

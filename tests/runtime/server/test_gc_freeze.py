@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
-import runtime.server
-from runtime.cli import main
 from runtime.server import create_app
 from runtime.server.app import freeze_startup_heap
 from runtime.server.wiring import build_state
+from tests.fixtures.serve_hooks import serve_after_load
 from tests.runtime.server.live import engine_for, light_settings, router_of
 
 
@@ -69,14 +68,4 @@ def test_a_failing_after_load_hook_is_logged_and_the_model_still_serves(
 def test_serve_freezes_the_heap_after_the_load(
     monkeypatch: pytest.MonkeyPatch, demo_model_dir: Callable[[str], Path]
 ) -> None:
-    apps: list[object] = []
-
-    def capture(app: object, **kwargs: object) -> int:
-        apps.append(app)
-        return 0
-
-    monkeypatch.setattr(runtime.server, "run_server", capture)
-    monkeypatch.setenv("FASTLLM_MALLOC", "glibc")
-    main(["serve", "--model", str(demo_model_dir("llama")), "--port", "0"])
-    (app,) = apps
-    assert freeze_startup_heap in app.state.fastllm.after_load  # type: ignore[attr-defined]
+    assert freeze_startup_heap in serve_after_load(monkeypatch, demo_model_dir("llama"))
