@@ -14,9 +14,11 @@ Measured:
 - TTFT under Poisson arrivals (rate 0.7x the engine's measured request rate): the engine live;
   static batching simulated from its measured batch timings (a free server takes whatever has
   arrived, up to 32, and every request in that batch gets its first token after the prefill);
-- fraction_of_matmul_peak: the time torch's fp32 matmuls take on the GEMMs of every engine step
-  (each step at its own shapes: layers over its tokens, lm_head over its sampled rows) over the
-  engine's busy time (execute: forward + sampling).
+- fraction_of_matmul_peak: the time the GEMMs of every engine step take at the best rate seen
+  for them in this run (each step at its own shapes: layers over its tokens, lm_head over its
+  sampled rows; torch.mm on one thread and on the engine's count, or the engine's own step when
+  that was faster) over the engine's busy time (execute: forward + sampling): at most 1 by
+  definition (bench.serving_parts.ideal_matmul_seconds).
 - with --quantization: the same workload on a second engine whose decoder linears are quantized
   at load, after the float one in the same run: quantized_ratio_vs_float (generated tokens/s).
 Last line: one JSON object with ratio_vs_hf_serial, ratio_vs_hf_static,
@@ -39,6 +41,7 @@ import torch
 
 from bench.model_arg import add_model_argument, resolve_model
 from bench.serving_parts import (
+    StepShape,
     Workload,
     gemm_flops,
     gemms,
@@ -157,9 +160,14 @@ def main(argv: list[str] | None = None) -> None:
 
     model_args, busy_s = engine.loaded.args, sum(s.busy_seconds for s in steps)
     # per step: tokens through the layers, and lm_head rows (one per sequence that samples)
-    step_shapes = [(s.num_prefill_tokens + s.num_decode_tokens, s.num_sampled) for s in steps]
-    flops = sum(gemm_flops(gemms(model_args, t, n)) for t, n in step_shapes)
-    ideal_s = ideal_matmul_seconds(model_args, step_shapes, engine.loaded.device)
+    shapes = [
+        StepShape(s.num_prefill_tokens + s.num_decode_tokens, s.num_sampled, s.busy_seconds)
+        for s in steps
+    ]
+    flops = sum(gemm_flops(gemms(model_args, s.tokens, s.sampled)) for s in shapes)
+    threads = tuple(sorted({1, torch.get_num_threads()}))  # the engine's two choices per step
+    ideal = ideal_matmul_seconds(model_args, shapes, engine.loaded.device, thread_counts=threads)
+    ideal_s = ideal.seconds
     achieved, peak = flops / busy_s, flops / ideal_s
     # the serial ratio this run would show if every step took only its matmul time: the
     # ceiling of ratio_vs_hf_serial on this machine for this engine design
@@ -178,6 +186,8 @@ def main(argv: list[str] | None = None) -> None:
         "ratio_vs_hf_serial_if_matmul_bound": round(ceiling, 3),
         "engine_gflops": round(achieved / 1e9, 2),
         "matmul_gflops": round(peak / 1e9, 2),
+        "matmul_groups": ideal.groups,
+        "matmul_groups_engine_fastest": ideal.engine_fastest,
         "streams": streams,
         "policy": "throughput band (max_util 0.95)",
         "quick": args.quick,

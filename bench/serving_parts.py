@@ -159,26 +159,65 @@ def matmul_rate(
     return gemm_flops([(max(m, 1), i, o) for m, i, o in shapes]) / best
 
 
-def ideal_matmul_seconds(
-    args: ModelArgs, steps: list[tuple[int, int]], device: torch.device, repeats: int = 3
+@dataclass(frozen=True)
+class StepShape:
+    tokens: int  # through the layers
+    sampled: int  # rows through the lm_head
+    busy_s: float  # the engine's execute() time for the step
+
+
+@dataclass(frozen=True)
+class MatmulIdeal:
+    seconds: float  # the steps' GEMMs at the best rate seen for each group (<= the busy time)
+    groups: int
+    engine_fastest: int  # groups whose best rate was the engine's own step, not torch.mm
+
+
+def _rate_on_threads(
+    shapes: list[tuple[int, int, int]], device: torch.device, threads: int, repeats: int
 ) -> float:
-    """How long torch's fp32 matmuls take on the GEMMs of these engine steps, each step at its own
-    shapes: `steps` is (tokens through the layers, rows through the lm_head) per step.
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return matmul_rate(shapes, device, repeats)
+    finally:
+        torch.set_num_threads(before)
+
+
+def ideal_matmul_seconds(
+    args: ModelArgs,
+    steps: list[StepShape],
+    device: torch.device,
+    *,
+    thread_counts: tuple[int, ...] = (1,),
+    repeats: int = 3,
+) -> MatmulIdeal:
+    """How long the GEMMs of these engine steps take at the best rate seen for them in this run.
 
     The matmul rate depends strongly on the row count (a 1024-token prefill chunk runs near the
     machine's peak, a 32-row decode step well below it), so one rate at a mean shape misjudges
     both. Steps are grouped by the power of two of their token count; each group's FLOPs are
-    timed at the group's mean shape."""
-    groups: dict[int, list[tuple[int, int]]] = {}
-    for tokens, sampled in steps:
-        groups.setdefault(tokens.bit_length(), []).append((tokens, sampled))
-    total = 0.0
+    timed at the group's mean shape with torch.mm on each of `thread_counts` (the engine runs a
+    step on one thread or on all, whichever it measured faster: a small GEMM on two OpenMP threads
+    can take 100x longer than on one when another process holds a core), and the group's peak is
+    the best of those rates and the engine's own rate on that group (its steps run these GEMMs
+    and more). So the ideal time is never more than the engine's busy time: fraction_of_matmul_peak
+    (ideal / busy) is at most 1, and a group where the engine itself was the fastest counts as at
+    peak (`engine_fastest` says how many)."""
+    groups: dict[int, list[StepShape]] = {}
+    for step in steps:
+        groups.setdefault(step.tokens.bit_length(), []).append(step)
+    total, engine_fastest = 0.0, 0
     for members in groups.values():
-        flops = sum(gemm_flops(gemms(args, t, s)) for t, s in members)
+        flops = sum(gemm_flops(gemms(args, m.tokens, m.sampled)) for m in members)
         mean = gemms(
             args,
-            round(statistics.fmean(t for t, _ in members)),
-            round(statistics.fmean(s for _, s in members)),
+            round(statistics.fmean(m.tokens for m in members)),
+            round(statistics.fmean(m.sampled for m in members)),
         )
-        total += flops / matmul_rate(mean, device, repeats)
-    return total
+        measured = max(_rate_on_threads(mean, device, n, repeats) for n in thread_counts)
+        busy = sum(m.busy_s for m in members)
+        engine = flops / busy if busy > 0 else 0.0
+        engine_fastest += engine > measured
+        total += flops / max(measured, engine)
+    return MatmulIdeal(total, len(groups), engine_fastest)
