@@ -3,6 +3,7 @@
     python -m bench.peer [--quick] [--threads 1,2] [--clock wall|cpu] [--cache-dir DIR]
                          [--peer auto|llama_cpp|llama_cpp_py_sync] [--real | --model-gguf PATH]
                          [--requantize Q8_0]
+    python -m bench.peer --server [...]   (against llama-server: see bench.peer_server)
 
 llama.cpp runs through either of its Python bindings (`--peer`, default auto: the first that
 works): llama-cpp-python (`llama_cpp`; built from source: `CMAKE_ARGS="-DGGML_NATIVE=ON" pip
@@ -183,6 +184,11 @@ def _real(args: argparse.Namespace, binding: str, peer: str, thread_counts: list
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--server" in argv:  # serving against llama-server: its own options (bench.peer_server)
+        from bench import peer_server
+
+        return peer_server.main([a for a in argv if a != "--server"])
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer tokens and rounds")
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench.peer_server import Window, closed_loop, summarise
+from bench.peer_server_plot import plot, series
 from tests.integration.support import MODEL, live_runtime, runtime_settings
 
 
@@ -70,3 +71,22 @@ def test_summary_takes_llama_servers_best_configuration_per_stream_count() -> No
     assert report["32"]["ratio_defaults_vs_llama_server"] == 0.8
     assert report["32"]["ttft_p50_defaults_vs_llama_server"] == 0.5
     assert set(report["32"]["llama_server_configs"]) == {"llama_server_np8", "llama_server_np32"}
+
+
+def test_the_plot_draws_each_side_against_streams(tmp_path: Path) -> None:
+    per_round = {
+        "llama_server_np8": {1: [_fig(50, 0.1)], 32: [_fig(130, 12.0)]},
+        "llama_server_np32": {1: [_fig(45, 0.1)], 32: [_fig(150, 5.0)]},
+        "ours_defaults": {1: [_fig(60, 0.05)], 32: [_fig(120, 2.5)]},
+        "ours_throughput": {1: [_fig(60, 0.05)], 32: [_fig(155, 1.5)]},
+    }
+    report = {"streams": summarise(per_round, [1, 32]), "threads": 2, "max_tokens": 64}
+    got = series(report)
+    assert set(got) == {"llama_server", "ours_defaults", "ours_throughput"}
+    assert [c for c, _ in got["llama_server"]] == [1, 32]
+    assert [f["config"] for _, f in got["llama_server"]] == [
+        "llama_server_np8",
+        "llama_server_np32",
+    ]
+    plot(report, tmp_path / "peer.png")
+    assert (tmp_path / "peer.png").read_bytes().startswith(b"\x89PNG")
