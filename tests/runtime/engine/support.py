@@ -74,11 +74,20 @@ class ModelHooks:
         self.oom_once_at_batch: int | None = None  # raise OutOfMemoryError once at this batch size
         self.calls = 0
         self.sleep_s = 0.0
+        self._park: tuple[Callable[[list[Any]], bool], threading.Event] | None = None
         loaded.model.forward = self._hooked  # type: ignore[method-assign]
 
     def hold(self) -> None:
         self.entered.clear()
         self._gate.clear()
+
+    def hold_when(self, batch: Callable[[list[Any]], bool]) -> threading.Event:
+        """Park the first forward whose sequences satisfy `batch`, in the forward itself; the
+        event returned is set once it is parked. A test that must look at the state between two
+        given steps then does not race the engine thread to `hold()` (under load the engine ran
+        on to the request's end first)."""
+        self._park = (batch, threading.Event())
+        return self._park[1]
 
     def release(self) -> None:
         self._gate.set()
@@ -90,6 +99,11 @@ class ModelHooks:
         if self.sleep_s:
             threading.Event().wait(self.sleep_s)
         seqs = args[1] if len(args) > 1 else kwargs["seqs"]
+        if self._park is not None and self._park[0](seqs):
+            self._gate.clear()
+            self._park, parked = None, self._park[1]
+            parked.set()
+            self._gate.wait()
         if self.oom_once_at_batch is not None and len(seqs) >= self.oom_once_at_batch:
             self.oom_once_at_batch = None
             raise torch.OutOfMemoryError("injected out of memory")

@@ -88,14 +88,15 @@ def test_the_prompt_pages_are_held_once_by_every_choice(
     try:
         engine.load()
         kv_cache = engine._parts.kv_cache
+        # after the prefill step (its first tokens) and before the end, look at the page tables:
+        # the first forward of the four choices parks itself
+        parked = hooks().hold_when(lambda seqs: len(seqs) == 4)
         handle = engine.submit(request("r", PROMPT, _sampled(n=4, seed=1, max_tokens=12)))
-        # after the prefill step (its first tokens) and before the end, look at the page tables
         outputs = iter(handle)
         seen = 0
         while seen < 4:  # each choice's first token: all four forked
             seen += next(outputs).completion_tokens == 1
-        hooks().hold()
-        hooks().entered.wait(5)
+        assert parked.wait(30)
         tables = [kv_cache.get(rid) for rid in ("r", "r#1", "r#2", "r#3")]
         assert all(t is not None for t in tables)
         pages = [t.page_ids for t in tables]  # type: ignore[union-attr]
