@@ -49,7 +49,10 @@ Last line, one JSON object: {"threads_1": {"tokens_per_s", "eager_tokens_per_s",
 "bf16_tokens_per_s", "llama_cpp_tokens_per_s", "int4_ratio_vs_llama_cpp", ...}, ...,
 "ratio_vs_llama_cpp": {"1": the matching side's, ..}, "compared_side": "int4",
 "first_tokens_agreement": {"int4": 0.75, ..}, "first_tokens_common_prefix": {"int4": 9, ..},
-"model": PATH, "peer": "..."}.
+"model": PATH, "peer": "..."}. --real also times each side's prefill of the 32-token prompt with
+its first token (ours through the offline engine, so a request's fixed cost is in it):
+"<side>_prefill_tokens_per_s" per thread count and "prefill_ratio_vs_llama_cpp" (the matching
+side's).
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ from pathlib import Path
 from bench.generate import DEFAULT_CACHE
 from bench.peer_llama_cpp import (
     BINDINGS,
+    PROMPT_TOKENS,
     llama_cpp_missing,
     peer_version,
     pick_binding,
@@ -116,16 +120,25 @@ def _measure(workers: dict[str, Worker], threads: int, new_tokens: int, rounds: 
 
 def _measure_real(workers: dict[str, Worker], threads: int, new_tokens: int, rounds: int) -> dict:
     best = {name: float("inf") for name in workers}
+    prefill = dict(best)
     for worker in workers.values():
         worker.decode_seconds(threads, 2)
     for _ in range(rounds):
         for name, worker in workers.items():
             best[name] = min(best[name], worker.decode_seconds(threads, new_tokens))
+            prefill[name] = min(prefill[name], worker.prefill_seconds(threads))
     rate = {name: new_tokens / max(s, 1e-9) for name, s in best.items()}
+    # the prompt's prefill and its first token (a TTFT at batch 1), as prompt tokens per second
+    pre = {name: PROMPT_TOKENS / s for name, s in prefill.items()}
     ours = [name for name in workers if name != "llama_cpp"]
     return {
         **{f"{name}_tokens_per_s": round(rate[name], 1) for name in workers},
         **{f"{name}_ratio_vs_llama_cpp": round(rate[name] / rate["llama_cpp"], 3) for name in ours},
+        **{f"{name}_prefill_tokens_per_s": round(pre[name], 1) for name in workers},
+        **{
+            f"{name}_prefill_ratio_vs_llama_cpp": round(pre[name] / pre["llama_cpp"], 3)
+            for name in ours
+        },
     }
 
 
@@ -172,6 +185,9 @@ def _real(args: argparse.Namespace, binding: str, peer: str, thread_counts: list
         for worker in workers.values():
             worker.close()
     report["ratio_vs_llama_cpp"] = _ratios(report, thread_counts, f"{compared}_ratio_vs_llama_cpp")
+    report["prefill_ratio_vs_llama_cpp"] = _ratios(
+        report, thread_counts, f"{compared}_prefill_ratio_vs_llama_cpp"
+    )
     report["compared_side"] = compared
     report["first_tokens_agreement"] = agreement
     report["first_tokens_common_prefix"] = prefix

@@ -3,7 +3,9 @@ answering one command at a time over a pipe (so only the side being timed has th
 
 Commands: ("tokens", n) -> the first n greedy token ids (n = 0: the logits after the prompt);
 ("decode", threads, n) -> seconds of
-prefill + n tokens minus prefill + 1 token (the decode time of n tokens), on the chosen clock.
+prefill + n tokens minus prefill + 1 token (the decode time of n tokens), on the chosen clock;
+("prefill", threads) -> seconds of the prompt's prefill and its first token (the prompt is
+PROMPT_TOKENS ids; ours goes through the offline engine, so a request's fixed cost is in it).
 
 The llama.cpp side runs through either Python binding of llama.cpp (bench.peer_llama_cpp), driven
 the same way: load the GGUF, decode a batch of token ids, read the logits of the batch's last
@@ -191,6 +193,8 @@ def _serve(spec: dict[str, Any], clock_name: str, conn: Connection) -> None:
         command = conn.recv()
         if command[0] == "tokens":
             conn.send(run(1, command[1]))
+        elif command[0] == "prefill":
+            conn.send(timed(command[1], 1))
         elif command[0] == "decode":
             _, threads, n = command
             conn.send(timed(threads, n + 1) - timed(threads, 1))
@@ -259,6 +263,10 @@ class Worker:
 
     def decode_seconds(self, threads: int, n: int) -> float:
         self.conn.send(("decode", threads, n))
+        return max(self.conn.recv(), 1e-9)
+
+    def prefill_seconds(self, threads: int) -> float:
+        self.conn.send(("prefill", threads))
         return max(self.conn.recv(), 1e-9)
 
     def close(self) -> None:
