@@ -9,7 +9,12 @@ import pytest
 
 from runtime.engine.stats import RequestStats, VerificationResult
 from runtime.errors import ConfigError
-from runtime.serving.rollout import RolloutController, RolloutEvent, RolloutPolicy
+from runtime.serving.rollout import (
+    WINDOW_BUCKETS,
+    RolloutController,
+    RolloutEvent,
+    RolloutPolicy,
+)
 from runtime.serving.router import Router
 
 STABLE, CANARY = object(), object()
@@ -133,3 +138,21 @@ def test_operator_actions_emit_events(setup) -> None:  # type: ignore[no-untyped
     assert [e.action for e in events] == ["set_weight", "rollback", "promote"]
     assert events[1].reason == "operator" and not events[1].automatic
     assert event.retired.engine is STABLE and event.stable == "canary" and event.canary is None
+
+
+def test_windows_stay_bounded_without_a_canary_to_judge() -> None:
+    """Every finished request lands in its version's window; with no canary nothing reads the
+    windows, and they once held a pair per request for the life of the server (issue 39)."""
+    router = Router(rng=random.Random(0))
+    router.add("m", stable=STABLE)  # type: ignore[arg-type]
+    clock = Clock()
+    controller = RolloutController(router, RolloutPolicy(window_s=60), clock=clock)
+    probe = VerificationResult("r", "m", "stable", "geglu", 1.0, 1.0, 0.0)
+    for _ in range(2000):  # 20,000 requests and 2,000 probes over 2,000 s
+        clock.now += 1.0
+        controller.record(finished=[_stats("stable") for _ in range(10)], verified=[probe])
+    sizes = controller.window_lengths()
+    assert set(sizes) == {"requests m stable", "probes m stable"}
+    assert all(0 < n <= WINDOW_BUCKETS + 1 for n in sizes.values()), sizes
+    health = controller.health("m", "stable")  # the last 60 s, both ends included
+    assert (health.num_requests, health.num_verified) == (610, 61)
