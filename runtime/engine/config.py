@@ -50,6 +50,7 @@ class EngineConfig:
     step_up: float = 0.2
     step_down: float = 0.1
     control_interval_s: float = 1.0
+    max_queue_wait_s: float = 1.0  # the controller grows past its band beyond this wait; 0: off
     batch_warmup: bool = True  # at load, a short sweep of batch sizes seeds the step-time model
     idle_wait_s: float = 0.05  # how long the loop sleeps when nothing can run (timeouts still fire)
     heap_trim_interval_s: float = 5.0  # malloc_trim between steps at most this often; 0: never
@@ -152,6 +153,7 @@ class EngineConfig:
             "step_up": settings.step_up,
             "step_down": settings.step_down,
             "control_interval_s": settings.control_interval_s,
+            "max_queue_wait_s": settings.max_queue_wait_s,
             "batch_warmup": settings.batch_warmup,
             "heap_trim_interval_s": settings.heap_trim_interval_s,
             "heap_mmap_threshold_bytes": settings.heap_mmap_threshold_bytes,

@@ -89,6 +89,7 @@ class SchedulerOutput:
     batch_size_limit: int = 0  # the sequence cap this step was scheduled under
     # requests left waiting with the batch at the cap: the cap, not the queue, bound the step
     limit_binds: bool = False
+    queue_wait_s: float = 0.0  # with limit_binds: the head of the queue's wait (StepStats)
     # sum over items of the (query, key) pairs its new tokens attend: taken at schedule time,
     # before the update moves the cursors (see StepStats)
     num_attention_pairs: int = 0

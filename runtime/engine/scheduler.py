@@ -133,6 +133,8 @@ class Scheduler(Preemption):
             self._take(out, seq, admitted)
         out.batch_size_limit = max_num_seqs
         out.limit_binds = self.num_waiting > 0 and self.num_running >= max_num_seqs
+        if out.limit_binds and self.waiting:  # one clock read, only when something waits
+            out.queue_wait_s = max(0.0, time.time() - self.waiting[0].stats.queued_ts)
         out.num_attention_pairs = sum(
             item.num_new_tokens * item.seq.num_computed_tokens
             + item.num_new_tokens * (item.num_new_tokens + 1) // 2
@@ -260,6 +262,7 @@ class Scheduler(Preemption):
             version=version,
             num_attention_pairs=batch.num_attention_pairs,
             limit_binds=batch.limit_binds,
+            queue_wait_s=batch.queue_wait_s,
             kv=self.kv_stats(),
             num_draft_tokens=batch.num_draft_tokens,
             num_accepted_tokens=batch.num_accepted_tokens,

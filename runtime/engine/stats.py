@@ -75,6 +75,9 @@ class StepStats:
     # at schedule time requests were left waiting with the batch at the limit: a larger limit would
     # have batched more (the batch controller holds while the limit does not bind)
     limit_binds: bool = False
+    # with the limit binding: how long the head of the queue had waited for a place (seconds);
+    # past the policy's max_queue_wait_s the controller grows the limit whatever its band says
+    queue_wait_s: float = 0.0
     kv: KVCacheStats | None = None  # the page pool after the step (and cumulative prefix counts)
     # 1 once the model's compiled decode step fell back to the eager forward (runtime.models.fast:
     # a compile or kernel failure), for good; 0 while it runs compiled or nothing was compiled

@@ -96,6 +96,12 @@ class EngineSettings(BaseModel):
     step_up: float = Field(0.2, gt=0.0, le=1.0)
     step_down: float = Field(0.1, gt=0.0, le=1.0)
     control_interval_s: float = Field(1.0, gt=0.0)
+    max_queue_wait_s: float = Field(
+        1.0,
+        ge=0.0,
+        description="with the batch limit binding, a request waiting longer than this for a place "
+        "grows the limit whatever the band says (a first token before short steps); 0: off",
+    )
     batch_warmup: bool = Field(
         True, description="at load, run a few batch sizes to seed the step-time model"
     )

@@ -16,6 +16,9 @@ the demand (`DemandSignal`) makes the controller hold
 - instead of shrinking while the batch in flight is still above the limit ("draining"): running
   sequences are never evicted, so a shrink takes effect only as they finish, and shrinking again
   meanwhile would ratchet the limit down without the batch following.
+It also grows past the band ("queue") when the limit binds and the head of the queue has waited
+longer than `max_queue_wait_s` (0: off): on the balanced band 32 closed-loop streams on a 2-core
+CPU waited 12.5-13.7 s for a first token while the batch was held at the knee for short steps.
 `set_batch_policy(min_util, max_util, step_size)` sets the band and BOTH step sizes to
 `step_size` (the DESIGN.md call passes a single step); it is applied at the next evaluation,
 never between two.
@@ -91,6 +94,9 @@ class BatchPolicyConfig:
     max_batch: int = 64
     initial: int = 16
     interval_s: float = 1.0  # control interval (seconds on the caller's clock)
+    # with the limit binding, the head of the queue waiting longer than this grows the limit
+    # whatever u says (0: off): the band must not buy short steps with a long first token
+    max_queue_wait_s: float = 0.0
 
     def __post_init__(self) -> None:
         _check_band(self.min_util, self.max_util, ConfigError)
@@ -104,6 +110,11 @@ class BatchPolicyConfig:
             )
         if not self.interval_s > 0:
             raise ConfigError(f"interval_s must be > 0, got {self.interval_s}", param="interval_s")
+        if not self.max_queue_wait_s >= 0:
+            raise ConfigError(
+                f"max_queue_wait_s must be >= 0, got {self.max_queue_wait_s}",
+                param="max_queue_wait_s",
+            )
 
     @classmethod
     def from_settings(cls, settings: Any, *, max_batch: int | None = None) -> BatchPolicyConfig:
@@ -122,7 +133,12 @@ class BatchPolicyConfig:
             max_batch=hi,
             initial=min(hi, max(lo, settings.initial_num_seqs)),
             interval_s=settings.control_interval_s,
+            max_queue_wait_s=settings.max_queue_wait_s,
         )
+
+
+def _grown(limit: int, config: BatchPolicyConfig) -> int:
+    return max(limit + 1, int(limit * (1 + config.step_up) + 0.5))
 
 
 def next_limit(limit: int, utilization: float | None, config: BatchPolicyConfig) -> tuple[int, str]:
@@ -131,7 +147,7 @@ def next_limit(limit: int, utilization: float | None, config: BatchPolicyConfig)
     if utilization is None:
         return limit, "no_data"
     if utilization < config.min_util:
-        proposed, action = max(limit + 1, int(limit * (1 + config.step_up) + 0.5)), "grow"
+        proposed, action = _grown(limit, config), "grow"
     elif utilization > config.max_util:
         proposed, action = min(limit - 1, int(limit * (1 - config.step_down) + 0.5)), "shrink"
     else:
@@ -148,7 +164,7 @@ class BatchDecision:
     utilization: float | None
     old_limit: int
     new_limit: int
-    action: str  # grow | shrink | hold | no_data | bound | idle | draining (see module doc)
+    action: str  # grow | shrink | hold | no_data | bound | idle | draining | queue (module doc)
 
 
 @dataclass(frozen=True)
@@ -162,6 +178,7 @@ class BatchControllerStats:
     num_no_data: int
     num_idle: int  # held because the limit did not bind
     num_draining: int  # held a shrink while the batch was still above the limit
+    num_queue_grows: int  # grew past the band: the queue's head had waited over max_queue_wait_s
     last_utilization: float | None
     recent: tuple[BatchDecision, ...]  # newest last
 
@@ -195,7 +212,7 @@ class AdaptiveBatchController:
         self._next_eval: float | None = None  # set by the first maybe_update: a full interval first
         self._lock = threading.Lock()
         self._recent: deque[BatchDecision] = deque(maxlen=history)
-        actions = ("grow", "shrink", "hold", "bound", "no_data", "idle", "draining")
+        actions = ("grow", "shrink", "hold", "bound", "no_data", "idle", "draining", "queue")
         self._counts = dict.fromkeys(actions, 0)
         self._last_util: float | None = None
 
@@ -235,10 +252,21 @@ class AdaptiveBatchController:
         utilization = self._source.read()  # outside the lock: a source may take a moment
         demand = self._demand.demand() if self._demand is not None else None
         with self._lock:
-            old = self.limit
-            new, action = next_limit(old, utilization, self._config)
+            old, config = self.limit, self._config
+            new, action = next_limit(old, utilization, config)
             if utilization is not None and demand is not None and not demand.limit_binds:
                 action = "idle"
+            elif (
+                action in ("hold", "shrink", "bound")
+                and demand is not None
+                and config.max_queue_wait_s > 0
+                and (demand.queue_wait_s or 0.0) > config.max_queue_wait_s
+            ):
+                # requests wait longer than the policy allows for a place the engine could give:
+                # a first token matters more than the band's shorter steps
+                grown = min(config.max_batch, _grown(old, config))
+                action = "queue" if grown != old else "bound"
+                self.limit = grown
             elif action == "shrink" and demand is not None and (demand.num_seqs or 0) > old:
                 action = "draining"
             else:
@@ -280,6 +308,7 @@ class AdaptiveBatchController:
                 num_no_data=c["no_data"],
                 num_idle=c["idle"],
                 num_draining=c["draining"],
+                num_queue_grows=c["queue"],
                 last_utilization=self._last_util,
                 recent=tuple(self._recent),
             )

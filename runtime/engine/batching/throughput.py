@@ -79,6 +79,7 @@ class ThroughputUtilization:
         self._lock = threading.Lock()
         self._num_observed = 0
         self._last: tuple[int, ThroughputReading] | None = None  # for demand() right after read()
+        self._queue_wait_s = 0.0  # the latest step's (0 when the limit did not bind)
 
     def observe(self, step: StepStats) -> None:
         """Called by the engine after every step (its thread, outside the forward)."""
@@ -89,6 +90,7 @@ class ThroughputUtilization:
             self._busy.add_busy(step.busy_seconds, end=now)
         with self._lock:
             self._num_observed += 1
+            self._queue_wait_s = step.queue_wait_s
             more = step.num_running + step.num_waiting > 0
             seen = _Observed(
                 now, step.limit_binds, step.num_seqs, cost.features, step.busy_seconds, more
@@ -149,4 +151,4 @@ class ThroughputUtilization:
             fresh = last is not None and last[0] == self._num_observed
         reading = last[1] if fresh and last is not None else self.reading()
         binds = reading.num_steps > 0 and reading.binding_fraction >= self.binding_share
-        return Demand(limit_binds=binds, num_seqs=reading.num_seqs)
+        return Demand(limit_binds=binds, num_seqs=reading.num_seqs, queue_wait_s=self._queue_wait_s)

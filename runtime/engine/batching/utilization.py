@@ -31,6 +31,8 @@ class Demand:
 
     limit_binds: bool  # most steps left requests waiting with the batch at the limit
     num_seqs: int | None  # sequences in the latest step (None: no step in the window)
+    # how long the head of the queue had waited at the latest binding step (None: not known)
+    queue_wait_s: float | None = None
 
 
 @runtime_checkable

@@ -319,8 +319,10 @@ def test_fake_source_is_a_utilization_source() -> None:
 
 
 class FixedDemand:
-    def __init__(self, limit_binds: bool, num_seqs: int | None) -> None:
-        self.value = Demand(limit_binds, num_seqs)
+    def __init__(
+        self, limit_binds: bool, num_seqs: int | None, queue_wait_s: float | None = None
+    ) -> None:
+        self.value = Demand(limit_binds, num_seqs, queue_wait_s)
 
     def demand(self) -> Demand:
         return self.value
@@ -342,3 +344,34 @@ def test_holds_while_the_limit_does_not_bind_and_while_a_shrink_drains() -> None
     source.set(None)
     assert ctl.update(6.0) == 11 and ctl.stats().recent[-1].action == "no_data"
     assert ctl.stats().num_draining == 1
+
+
+def test_a_long_queue_wait_grows_the_limit_past_the_band() -> None:
+    source = FakeUtilization(0.7)  # inside the balanced band: the law alone holds
+    demand = FixedDemand(limit_binds=True, num_seqs=8, queue_wait_s=0.5)
+    config = BatchPolicyConfig(initial=8, max_batch=12, max_queue_wait_s=1.0)
+    ctl = AdaptiveBatchController(config, source, demand=demand)
+    assert ctl.update(0.0) == 8 and ctl.stats().recent[-1].action == "hold"  # waited 0.5 s: fine
+    demand.value = Demand(limit_binds=True, num_seqs=8, queue_wait_s=3.0)
+    assert ctl.update(1.0) == 10 and ctl.stats().recent[-1].action == "queue"  # +20%
+    source.set(0.95)  # above the band: the law would shrink, the wait wins
+    demand.value = Demand(limit_binds=True, num_seqs=10, queue_wait_s=2.0)
+    assert ctl.update(2.0) == 12 and ctl.stats().recent[-1].action == "queue"
+    assert ctl.update(3.0) == 12 and ctl.stats().recent[-1].action == "bound"  # at max_batch
+    demand.value = Demand(limit_binds=False, num_seqs=12, queue_wait_s=0.0)
+    assert ctl.update(4.0) == 12 and ctl.stats().recent[-1].action == "idle"  # nobody waits
+    demand.value = Demand(limit_binds=True, num_seqs=12, queue_wait_s=0.2)
+    assert ctl.update(5.0) == 11 and ctl.stats().recent[-1].action == "shrink"  # short waits
+    assert ctl.stats().num_queue_grows == 2
+
+
+def test_the_queue_term_is_off_at_zero_and_off_without_a_wait() -> None:
+    for config, wait in (
+        (BatchPolicyConfig(initial=8), 60.0),
+        (BatchPolicyConfig(initial=8, max_queue_wait_s=1.0), None),
+    ):
+        demand = FixedDemand(limit_binds=True, num_seqs=8, queue_wait_s=wait)
+        ctl = AdaptiveBatchController(config, FakeUtilization(0.95), demand=demand)
+        assert ctl.update(0.0) == 7 and ctl.stats().num_queue_grows == 0  # the band's shrink
+    with pytest.raises(ConfigError, match="max_queue_wait_s"):
+        BatchPolicyConfig(max_queue_wait_s=-1.0)

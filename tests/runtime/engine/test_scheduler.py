@@ -250,3 +250,16 @@ def test_a_held_head_is_probed_never_allocated_and_freed_again() -> None:
     assert cache.calls == ["allocate a", "free a", "allocate b"]
     b = s.running[0]
     assert b.stats.cached_tokens == 8 and b.num_computed_tokens == 20  # one cursor: the KV's
+
+
+def test_a_binding_limit_reports_how_long_the_head_of_the_queue_has_waited() -> None:
+    s = make_scheduler()
+    for i in range(3):
+        s.add(make_seq(f"r{i}", 3))
+    s.waiting[0].stats.queued_ts = time.time() - 5.0  # r0 arrived 5 s ago
+    s.waiting[1].stats.queued_ts = time.time() - 4.0
+    first = s.schedule(1)  # r0 is admitted; r1 waits at the limit
+    assert first.limit_binds and 3.9 < first.queue_wait_s < 30.0
+    s.update_from_output(first)
+    roomy = s.schedule(8)  # the limit no longer binds: no wait is reported
+    assert not roomy.limit_binds and roomy.queue_wait_s == 0.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -208,6 +209,10 @@ def test_signal_is_busy_fraction_times_saturation_share() -> None:
     assert reading.utilization == pytest.approx(0.52 * 16 / 26 / (64 / 74), abs=0.01)
     assert reading.binding_fraction == pytest.approx(0.75)
     assert source.demand().limit_binds and source.demand().num_seqs == 16
+    assert source.demand().queue_wait_s == 0.0  # the steps reported no wait
+    clock.t += 0.05
+    source.observe(dataclasses.replace(step(16, 0.026, binds=True), queue_wait_s=2.5))
+    assert source.demand().queue_wait_s == 2.5  # the latest step's: the controller's queue term
 
 
 def test_warmup_plan_spans_the_batch_range() -> None:
