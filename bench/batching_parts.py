@@ -45,15 +45,38 @@ class Server:
             self.proc.kill()
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_ready(
+    proc: subprocess.Popen[bytes], url: str, timeout_s: float, path: str = "/ready"
+) -> None:
+    """Poll `url + path` until it answers 200; the process exiting first, or the time running
+    out (the process is then killed), raises RuntimeError."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}{path}", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError(f"{url} did not become ready within {timeout_s:.0f} s")
+
+
 def start_server(
     model: str, device: str, policy: dict[str, str], ready_timeout_s: float = 300.0
 ) -> Server:
     """`fastllm serve` with the FASTLLM_* batch settings in `policy` (empty: the defaults);
     metrics on (the traces come from /metrics), tracing, storage and alerts off unless `policy`
     sets them."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FASTLLM_")}
     env.update(
         FASTLLM_DEVICE=device,
@@ -68,18 +91,8 @@ def start_server(
     cmd = [sys.executable, "-m", "runtime", "serve", "--model", model, "--port", str(port)]
     proc = subprocess.Popen([*cmd, "--log-level", "warning"], env=env, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + ready_timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/ready").status_code == 200:
-                return Server(proc, url, policy)
-        except httpx.TransportError:
-            pass
-        time.sleep(0.3)
-    proc.kill()
-    raise RuntimeError("server did not become ready")
+    wait_ready(proc, url, ready_timeout_s)
+    return Server(proc, url, policy)
 
 
 def _request_bytes(url: str, model: str, prompt: list[int]) -> bytes:

@@ -25,14 +25,12 @@ import asyncio
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
-
+from bench.batching_parts import free_port, wait_ready
 from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.request import GenerationRequest
 from runtime.engine.sampling import SamplingParams
@@ -108,9 +106,7 @@ async def http_round(url: str, model: str, streams: int, tokens: int) -> tuple:
 
 
 def start_server(model: Path, device: str) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     env = {
         **os.environ,
         "FASTLLM_DEVICE": device,
@@ -133,18 +129,8 @@ def start_server(model: Path, device: str) -> tuple[subprocess.Popen, str]:
     ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/ready").status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("server did not become ready")
+    wait_ready(proc, url, 300.0)
+    return proc, url
 
 
 def ensure_model(path: str | None, cache_dir: Path) -> Path:

@@ -36,7 +36,6 @@ import asyncio
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -48,7 +47,7 @@ from typing import Any
 import httpx
 import psutil
 
-from bench.batching_parts import start_server
+from bench.batching_parts import Server, free_port, start_server, wait_ready
 from bench.peer_server_build import DEFAULT_CACHE, built_binary
 from runtime.models.gguf_io.packaged import packaged_gguf
 
@@ -176,30 +175,17 @@ async def closed_loop(
 
 
 @dataclass
-class Running:
-    name: str
-    url: str
-    model: str
-    proc: subprocess.Popen[bytes]
+class Running(Server):
+    """A server of either side, named for the report, with the model name its API wants."""
 
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    name: str = ""
+    model: str = ""
 
 
 def start_llama_server(
     binary: Path, gguf: Path, threads: int, slots: int, http_threads: int, ctx_per_slot: int
 ) -> Running:
-    port = _free_port()
+    port = free_port()
     cmd = [
         str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
         "-t", str(threads), "-tb", str(threads), "-np", str(slots),
@@ -207,18 +193,8 @@ def start_llama_server(
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"llama-server exited with {proc.returncode}: {' '.join(cmd)}")
-        try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                return Running(f"llama_server_np{slots}", url, gguf.name, proc)
-        except httpx.TransportError:
-            pass
-        time.sleep(0.3)
-    proc.kill()
-    raise RuntimeError("llama-server did not become ready")
+    wait_ready(proc, url, 300.0, path="/health")
+    return Running(proc, url, {}, f"llama_server_np{slots}", gguf.name)
 
 
 def start_ours(gguf: Path, threads: int, goal: str | None) -> Running:
@@ -233,7 +209,7 @@ def start_ours(gguf: Path, threads: int, goal: str | None) -> Running:
     server = start_server(str(gguf), "cpu", policy, ready_timeout_s=900.0)
     model = httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"][0]["id"]
     name = "ours_defaults" if goal is None else f"ours_{goal}"
-    return Running(name, server.url, model, server.proc)
+    return Running(server.proc, server.url, policy, name, model)
 
 
 def prompt_ids(url: str, model: str) -> list[int]:
