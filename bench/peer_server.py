@@ -164,10 +164,12 @@ async def closed_loop(
 
     async def client() -> None:
         while time.monotonic() < end:
+            failed = out.failed
             try:
                 await _stream_once(request, host, int(port), end, out)
             except OSError:
                 out.failed += 1
+            if out.failed > failed:  # a refusal or a lost connection: no retry storm
                 await asyncio.sleep(0.1)
 
     await asyncio.gather(*(client() for _ in range(streams)))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -90,3 +91,13 @@ def test_the_plot_draws_each_side_against_streams(tmp_path: Path) -> None:
     ]
     plot(report, tmp_path / "peer.png")
     assert (tmp_path / "peer.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_server_that_is_not_there_counts_failures_without_a_retry_storm() -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    got = asyncio.run(closed_loop(f"http://127.0.0.1:{port}", MODEL, [5], 2, 8, 0.5))
+    assert got.events_in_window == 0 and not got.ttft_s
+    # each client waits 0.1 s after a failure: at most ~6 tries each in half a second
+    assert 2 <= got.failed <= 2 * 7
