@@ -133,8 +133,12 @@ class Scheduler(Preemption):
             self._take(out, seq, admitted)
         out.batch_size_limit = max_num_seqs
         out.limit_binds = self.num_waiting > 0 and self.num_running >= max_num_seqs
-        if out.limit_binds and self.waiting:  # one clock read, only when something waits
-            out.queue_wait_s = max(0.0, time.time() - self.waiting[0].stats.queued_ts)
+        head = self.waiting[0] if out.limit_binds and self.waiting else None
+        # a head never admitted yet waits for a place in the batch (one clock read, only then);
+        # a preempted sequence or a fork back in the queue waits for KV pages, which a larger
+        # limit would not give it
+        if head is not None and head.stats.scheduled_ts is None:
+            out.queue_wait_s = max(0.0, time.time() - head.stats.queued_ts)
         out.num_attention_pairs = sum(
             item.num_new_tokens * item.seq.num_computed_tokens
             + item.num_new_tokens * (item.num_new_tokens + 1) // 2

@@ -75,7 +75,8 @@ class StepStats:
     # at schedule time requests were left waiting with the batch at the limit: a larger limit would
     # have batched more (the batch controller holds while the limit does not bind)
     limit_binds: bool = False
-    # with the limit binding: how long the head of the queue had waited for a place (seconds);
+    # with the limit binding: how long the head of the queue, never admitted yet, had waited for
+    # a place (seconds; 0 for a preempted sequence back at the head: it waits for pages);
     # past the policy's max_queue_wait_s the controller grows the limit whatever its band says
     queue_wait_s: float = 0.0
     kv: KVCacheStats | None = None  # the page pool after the step (and cumulative prefix counts)

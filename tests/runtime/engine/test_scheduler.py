@@ -263,3 +263,15 @@ def test_a_binding_limit_reports_how_long_the_head_of_the_queue_has_waited() -> 
     s.update_from_output(first)
     roomy = s.schedule(8)  # the limit no longer binds: no wait is reported
     assert not roomy.limit_binds and roomy.queue_wait_s == 0.0
+
+
+def test_a_head_that_ran_before_reports_no_wait_for_a_place() -> None:
+    # a preempted sequence (or a fork) back at the head waits for KV pages, not for the limit:
+    # growing the limit would not help it, so its old arrival time does not count
+    s = make_scheduler()
+    for i in range(3):
+        s.add(make_seq(f"r{i}", 3))
+        s.waiting[-1].stats.queued_ts = time.time() - 5.0
+    s.waiting[1].stats.scheduled_ts = time.time() - 4.0  # r1 ran, then went back to the queue
+    first = s.schedule(1)  # r0 admitted, r1 at the head
+    assert first.limit_binds and first.queue_wait_s == 0.0
