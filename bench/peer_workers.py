@@ -29,7 +29,13 @@ SIDES = ("fast", "eager", "llama_cpp", "gemms")
 # the real-model comparison (a quantized GGUF as is vs ours converted): our int4 and int8 engines
 # (the one matching the file's format is the compared side: `matching_side`), and the float
 # engines for reference
-REAL_SIDES = ("int4", "int8", "fp32", "bf16", "llama_cpp")
+REAL_SIDES = ("int4", "int8", "fp32", "bf16", "llama_cpp", "kernels")
+# --compiled adds the matching side on the compiled decode step (compile=on: minutes on a first
+# load, seconds from inductor's saved graphs after)
+COMPILED_SIDE = "compiled"
+# kernels (--real): only the quantized weight GEMMs of a batch-1 decode step (the matching
+# format's projections and its int8 LM head), back to back: no norms, no attention, no engine
+TIMING_ONLY = frozenset({"gemms", "kernels"})
 
 
 def matching_side(gguf_path: Path) -> str:
@@ -110,6 +116,34 @@ def _gemms(model_dir: Path) -> Callable[[int, int], list[Any]]:
     return run
 
 
+def _kernels(model_dir: Path, quantization: str) -> Callable[[int, int], list[Any]]:
+    import torch
+
+    from runtime.models.loader import load_model
+    from runtime.models.quant import QuantizedLinear
+
+    loaded = load_model(
+        model_dir,
+        dtype="float32",
+        device="cpu",
+        quantization=quantization,
+        quantize_lm_head=True,
+        load_tokenizer=False,
+    )
+    layers = [m for m in loaded.model.modules() if isinstance(m, QuantizedLinear)]
+    inputs = [torch.randn(1, m.in_features) for m in layers]  # fp32 [1, in], as the step's
+
+    @torch.inference_mode()
+    def run(threads: int, n: int) -> list[Any]:
+        torch.set_num_threads(threads)
+        for _ in range(n):
+            for layer, x in zip(layers, inputs, strict=True):
+                layer(x)  # the bf16 cast of the input and the cast back are the kernel's cost too
+        return []
+
+    return run
+
+
 def _prompt_logits(loaded: Any, prompt: list[int]) -> list[float]:
     import torch
 
@@ -170,6 +204,8 @@ def _make_run(spec: dict[str, Any]) -> Callable[[int, int], list[Any]]:
         return llama_cpp_runner(Path(spec["gguf"]), spec["binding"])
     if spec["side"] == "gemms":
         return _gemms(Path(spec["model_dir"]))
+    if spec["side"] == "kernels":
+        return _kernels(Path(spec["model_dir"]), spec["quantization"])
     return _ours(
         Path(spec["model_dir"]),
         spec["compile"],
@@ -202,7 +238,10 @@ def _serve(spec: dict[str, Any], clock_name: str, conn: Connection) -> None:
             return
 
 
-def _ours_spec(model_dir: Path, side: str) -> dict[str, Any]:
+def _ours_spec(model_dir: Path, side: str, compared: str = "int4") -> dict[str, Any]:
+    if side in ("kernels", COMPILED_SIDE):  # the compared format's kernels, or its compiled step
+        spec = _ours_spec(model_dir, compared)
+        return {**spec, "side": side, "compile": "on" if side == COMPILED_SIDE else "auto"}
     compile_mode = "off" if side == "eager" else "auto"
     dtype = "bfloat16" if side == "bf16" else "float32"
     quantization = side if side in ("int4", "int8") else None
@@ -245,13 +284,23 @@ class Worker:
 
     @classmethod
     def start_real(
-        cls, gguf_path: Path, model_dir: Path, clock: str, binding: str
+        cls,
+        gguf_path: Path,
+        model_dir: Path,
+        clock: str,
+        binding: str,
+        compared: str = "int4",
+        compiled: bool = False,
     ) -> dict[str, Worker]:
-        """A GGUF as is on llama.cpp; ours on its converted checkpoint (REAL_SIDES)."""
+        """A GGUF as is on llama.cpp; ours on its converted checkpoint (REAL_SIDES, and the
+        compared format's compiled step with `compiled`)."""
         llama = {"side": "llama_cpp", "gguf": str(gguf_path), "binding": binding}
+        sides = REAL_SIDES + ((COMPILED_SIDE,) if compiled else ())
         return {
-            side: cls(llama if side == "llama_cpp" else _ours_spec(model_dir, side), clock)
-            for side in REAL_SIDES
+            side: cls(
+                llama if side == "llama_cpp" else _ours_spec(model_dir, side, compared), clock
+            )
+            for side in sides
         }
 
     def prompt_logits(self) -> list[float]:

@@ -174,8 +174,8 @@ class EngineCore(Closing):
         return True
 
     def _step_threads(self, compiled: bool = False) -> StepThreads:
-        """The per-step thread policy for the calling thread's count (threads.py); decode steps
-        on a compiled step (`compiled`) are measured apart from the eager forward's."""
+        """The per-step thread policy for the calling thread's count (threads.py); steps on a
+        compiled step (`compiled`) are measured apart from the eager forward's."""
         if compiled:
             policy = step_threads_for(self.compiled_step_threads, self.runner.loaded, compiled)
             self.compiled_step_threads = policy
@@ -184,11 +184,12 @@ class EngineCore(Closing):
         return self.step_threads
 
     def _runs_compiled(self, batch: SchedulerOutput) -> bool:
-        """Does this step run on a compiled CPU step (decodes only, not fallen back)?"""
+        """Does this step run on a compiled CPU step (not fallen back)? Its graphs take prefill
+        and mixed steps too (`FastPath.runs_prefill`); a CUDA capture only decode steps."""
         fast = getattr(self.runner, "fast_path", None)
         return (
-            batch.num_prefill_tokens == 0
-            and fast is not None
+            fast is not None
+            and (batch.num_prefill_tokens == 0 or fast.runs_prefill)
             and fast.plan.whole_step
             and not fast.num_compile_fallbacks
         )

@@ -8,8 +8,9 @@ need) and returns `hidden[T, H]`; the cursors stay where they were (the schedule
 of a sequence whose chunk reaches its end is turned into logits and sampled, through the step's
 `SamplingBatch` (runtime.engine.sampling: built once, nothing for a feature no row uses).
 A step of decodes only (one token per sequence) goes through the fast path when one was built
-(`runtime.models.fast`: the same forward compiled and/or captured per batch bucket on CUDA);
-any other step calls the model's forward directly.
+(`runtime.models.fast`: the same forward compiled and/or captured per batch bucket on CUDA); on
+CPU the compiled step runs prefill and mixed steps too (its graphs are dynamic in the token
+count); any other step calls the model's forward directly.
 """
 
 from __future__ import annotations
@@ -176,7 +177,7 @@ class ModelRunner:
     def _forward(
         self, input_ids: torch.Tensor, slices: list[SeqSlice], *, decode_only: bool
     ) -> torch.Tensor:
-        if self.fast_path is not None and decode_only:
+        if self.fast_path is not None and (decode_only or self.fast_path.runs_prefill):
             hidden = self.fast_path(input_ids, slices)  # [T, H]
             self.num_fast_steps += 1
             return hidden

@@ -56,6 +56,9 @@ class QuantizedLinear(nn.Module):
     """What every quantized projection offers beside `forward` and `weight` (the dequantized
     fp32 matrix): the residual add the decoder layer folds into its float GEMMs."""
 
+    in_features: int
+    out_features: int
+
     def add_to_(self, out: Tensor, x: Tensor) -> Tensor:
         """out [T, out_features] += self(x), in place (the kernels cannot accumulate)."""
         return out.add_(self(x))

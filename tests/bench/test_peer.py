@@ -14,7 +14,13 @@ import torch
 from bench import peer
 from bench.gguf_export import pair_rope_rows, write_gguf
 from bench.peer_llama_cpp import pick_binding
-from bench.peer_workers import _prompt_logits, llama_cpp_runner, matching_side
+from bench.peer_workers import (
+    _kernels,
+    _ours_spec,
+    _prompt_logits,
+    llama_cpp_runner,
+    matching_side,
+)
 from runtime.models import ops
 from tests.runtime.models.builders import build_llama
 
@@ -120,3 +126,35 @@ def test_requantize_needs_a_gguf_mode(capsys: pytest.CaptureFixture[str]) -> Non
         peer.main(["--requantize", "Q8_0"])
     assert info.value.code == 2
     assert "--requantize goes with --real or --model-gguf" in capsys.readouterr().err
+
+
+def test_compiled_needs_a_gguf_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        peer.main(["--compiled"])
+    assert info.value.code == 2
+    assert "--compiled goes with --real or --model-gguf" in capsys.readouterr().err
+
+
+def test_the_kernels_side_runs_every_quantized_gemm_once_a_token(tmp_path: Path) -> None:
+    """The ceiling side times the compared format's weight GEMMs, the int8 LM head among them,
+    each once per token, and nothing else of the model."""
+    from torch.nn.modules.module import register_module_forward_hook
+
+    from runtime.models.quant import Int4Linear, Int8Linear
+
+    model_dir = build_llama(tmp_path / "llama", tokenizer=False)
+    spec = _ours_spec(model_dir, "kernels", compared="int4")
+    assert (spec["quantization"], spec["quantize_lm_head"]) == ("int4", True)
+    run = _kernels(model_dir, spec["quantization"])
+    calls: list[str] = []
+    handle = register_module_forward_hook(lambda m, _i, _o: calls.append(type(m).__name__))
+    try:
+        assert run(1, 3) == []
+    finally:
+        handle.remove()
+    per_token = len(calls) // 3
+    assert len(calls) == 3 * per_token
+    # every call is a quantized GEMM: 2 per layer for attention (qkv, o), 2 for the MLP, the head
+    assert set(calls) == {Int4Linear.__name__, Int8Linear.__name__}
+    assert calls[:per_token].count(Int8Linear.__name__) == 1  # the LM head
+    assert per_token == 4 * 2 + 1  # TINY: 2 layers

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import peer_server
 from bench.peer_server import Window, closed_loop, summarise
 from bench.peer_server_plot import plot, series
 from tests.integration.support import MODEL, live_runtime, runtime_settings
@@ -101,3 +102,12 @@ def test_a_server_that_is_not_there_counts_failures_without_a_retry_storm() -> N
     assert got.events_in_window == 0 and not got.ttft_s
     # each client waits 0.1 s after a failure: at most ~6 tries each in half a second
     assert 2 <= got.failed <= 2 * 7
+
+
+def test_ours_takes_only_known_configurations(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        peer_server.main(["--ours", "defaults,fastest", "--llama-server", "/nonexistent"])
+    assert info.value.code == 2
+    assert "--ours takes defaults, throughput, compiled, not 'defaults,fastest'" in (
+        capsys.readouterr().err
+    )

@@ -118,6 +118,13 @@ class FastPath:
         return self.step.sizes if isinstance(self.step, GraphDecoder) else ()
 
     @property
+    def runs_prefill(self) -> bool:
+        """The compiled CPU step's graphs are dynamic in the token count and attend through the
+        step's plan, so a prefill or mixed step is the same graph; captured CUDA buckets hold
+        one token per sequence, so only decode steps replay them."""
+        return isinstance(self.step, CompiledStep)
+
+    @property
     def num_compile_fallbacks(self) -> int:
         """1 once a compiled CPU step fell back to the eager forward (at load or later)."""
         return self.step.num_fallbacks if isinstance(self.step, CompiledStep) else 0

@@ -70,7 +70,8 @@ def test_compiled_decode_steps_match_the_uncompiled_engine(
     compiled, num_fast, num_steps = run_engine(path, prompts, 5, compile="on")
     plain, num_plain_fast, _ = run_engine(path, prompts, 5, compile="off")
     assert compiled == plain
-    assert 0 < num_fast < num_steps  # decodes on the compiled view, the prefill step not
+    # on CPU the compiled step is dynamic in the token count: prefill steps run it too
+    assert num_fast == num_steps > 1
     assert num_plain_fast == 0
 
 

@@ -2,7 +2,8 @@
 llama: greedy tokens and logits of compiled decode steps against the eager forward (the loaded
 model itself, uncompiled), float32 at batch 1 (its own graph) and 3 (the dynamic one), bf16, int8
 and int4 at batch 3; a restart loads the graphs the first start saved (compiling nothing) and a
-stale saved graph is refused; a compile failure decodes eagerly instead, the fallback counted and
+stale saved graph is refused; a step of prefills beside a decode runs the same graphs; a
+compile failure decodes eagerly instead, the fallback counted and
 logged once, and the engine reports it on its step stats (the tokens: transformers').
 
 The compiles are the cost here (inductor's C++ builds: tens of seconds each on a busy 2-core
@@ -126,6 +127,40 @@ def test_compiled_fp32_steps_match_the_eager_forward(fp32: Compiled) -> None:
     assert any(fp32.root.iterdir()), "inductor's caches went under the model's directory"
     # batch 1 runs its own graph, batch 3 the dynamic one
     check_against_eager(fp32.model, fp32.fast.step, [PROMPTS[:1], PROMPTS], atol=1e-4)
+
+
+def mixed_step(model: CausalLM, step: Step) -> torch.Tensor:
+    """One step that decodes PROMPTS[0]'s next token beside the whole prefills of PROMPTS[1:]
+    (what the engine schedules when requests arrive while another decodes) -> hidden [T, H]."""
+    a = model.args
+    dtype = model.embed_tokens.weight.dtype
+    pool = SequenceKV.empty(a.num_layers, a.num_kv_heads, a.head_dim, 64 * len(PROMPTS), dtype)
+    kvs = [SequenceKV(pool.data) for _ in PROMPTS]
+    for i, kv in enumerate(kvs):
+        kv.page_ids = pool.page_ids[4 * i : 4 * i + 4]
+    first, decoding = PROMPTS[0], kvs[0]
+    model(torch.tensor(first), [SeqSlice(0, len(first), decoding)])  # its prefill, eager
+    decoding.advance(len(first))
+    ids, slices = [42], [SeqSlice(0, 1, decoding)]
+    for prompt, kv in zip(PROMPTS[1:], kvs[1:], strict=True):
+        slices.append(SeqSlice(len(ids), len(ids) + len(prompt), kv))
+        ids += prompt
+    return step(torch.tensor(ids), slices)
+
+
+@pytest.mark.slow
+def test_prefill_and_mixed_steps_run_the_compiled_graphs(fp32: Compiled) -> None:
+    """The dynamic graph is the whole step for any token count: a step of prefills beside a
+    decode gives the eager forward's hidden states, compiling nothing after the warm-up."""
+    step = fp32.fast.step
+    assert isinstance(step, CompiledStep) and fp32.fast.runs_prefill
+    with torch.inference_mode(), no_compiling():
+        before = step.num_compiled_steps
+        got = mixed_step(fp32.model, step)
+        assert step.num_compiled_steps == before + 1 and step.is_compiled, step.fallback_reason
+        want = mixed_step(fp32.model, fp32.model)
+    assert got.shape == (1 + len(PROMPTS[1]) + len(PROMPTS[2]), fp32.model.args.hidden_size)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
 
 
 @pytest.mark.slow
