@@ -32,8 +32,8 @@ SEARCH_DIRS = (
 # One arena: by default jemalloc gives each thread one of 4 x CPUs arenas, so a forward's
 # buffers freed on one worker thread sat dirty in its arena while the next request, on another
 # thread, faulted in fresh pages from its own; the RSS then depended on how many arenas held a
-# forward's worth when it was read (embeddings soak: 4.5-5.1% fluctuation with 8 arenas, 1.3-1.5%
-# with one, 35 MiB less, docs/soak.md). Small allocations stay lock-free in the thread caches.
+# forward's worth when it was read (embeddings soak: 3.8-5.1% fluctuation with 8 arenas, 1.2-1.7%
+# with one and 30-50 MiB less, docs/soak.md). Small allocations stay lock-free in thread caches.
 DEFAULT_MALLOC_CONF = "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0,narenas:1"
 REEXEC_MARK = "FASTLLM_MALLOC_REEXEC"  # set on the re-executed process: never a second exec
 MODES = ("auto", "jemalloc", "glibc")
