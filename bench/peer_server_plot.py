@@ -4,7 +4,8 @@
 
 Two panels: tokens/s (median over rounds, the rounds' spread as error bars) and TTFT p50 (log
 scale), one line per side: llama-server's best configuration at each stream count (its `-np`
-named at the point), ours on the defaults and with `batch_goal=throughput`.
+named at the point), ours on the defaults and with `batch_goal=throughput`; and each llama-server
+configuration on its own, dashed.
 """
 
 from __future__ import annotations
@@ -22,6 +23,17 @@ def series(report: dict[str, Any]) -> dict[str, list[tuple[int, dict[str, Any]]]
         for side, figures in entry.items():
             if side == "llama_server" or side.startswith("ours_"):
                 out.setdefault(side, []).append((int(streams), figures))
+    return out
+
+
+def configs(report: dict[str, Any]) -> dict[str, list[tuple[int, dict[str, Any]]]]:
+    """llama-server configuration (`llama_server_np8`, ...) -> [(streams, figures)]: each one,
+    not only the best, since the best by tokens/s can queue its clients (`-np 8` at 32 streams
+    waits seconds for a first token where `-np 32` waits a tenth of one)."""
+    out: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    for streams, entry in sorted(report["streams"].items(), key=lambda kv: int(kv[0])):
+        for config, figures in entry.get("llama_server_configs", {}).items():
+            out.setdefault(config, []).append((int(streams), figures))
     return out
 
 
@@ -48,6 +60,11 @@ def plot(report: dict[str, Any], out: Path) -> None:
             for c, f in points:
                 tps.annotate(f["config"].removeprefix("llama_server_"), (c, f["tokens_per_s"]),
                              fontsize=7, xytext=(3, -10), textcoords="offset points")  # fmt: skip
+    for config, points in configs(report).items():
+        xs = [c for c, _ in points]
+        label = "llama-server -np " + config.removeprefix("llama_server_np")
+        for ax, key in ((tps, "tokens_per_s"), (ttft, "ttft_p50_s")):
+            ax.plot(xs, [f[key] for _, f in points], ls="--", lw=1, marker=".", label=label)
     for ax in (tps, ttft):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("closed-loop streaming clients")

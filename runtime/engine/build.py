@@ -34,8 +34,10 @@ from runtime.errors import ModelLoadError
 from runtime.memory import Allocator, get_allocator
 from runtime.memory.kv_cache import KVCache
 from runtime.models.base import CausalLM
+from runtime.models.dense_batch import attach_dense_copies
 from runtime.models.fast.build import FastPath, get_fast_path
 from runtime.models.loader import LoadedModel, load_model
+from runtime.models.quantize import is_quantized
 from runtime.models.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -110,6 +112,8 @@ def build_parts(
     )
     if isinstance(loaded.model, CausalLM):  # rope rows for what the KV pool can hold, no more
         _limit_context(loaded, kv_cache.max_tokens)
+    if loaded.is_causal_lm:  # before anything times a step (warm-up, thread choices)
+        _dense_copies(config, loaded)
     if loaded.parallel is not None:  # tensor parallel: rank 0's step sends its inputs along
         from runtime.engine.tp_runner import make_runner
 
@@ -153,6 +157,33 @@ def build_parts(
     if config.debug_leak_blocks_per_request > 0:
         core.on_close = _debug_leaker(parts, config.debug_leak_blocks_per_request)
     return parts
+
+
+def _dense_copies(config: EngineConfig, loaded: LoadedModel) -> None:
+    """Dense bf16 copies of the quantized CPU projections for steps of many rows
+    (runtime.models.dense_batch), decided and measured here, once per loaded model."""
+    if not is_quantized(loaded.model):
+        return
+    report = attach_dense_copies(
+        loaded.model,
+        config.dense_batch_weights,
+        max_bytes=config.dense_batch_max_bytes,
+        min_rows=config.dense_batch_min_rows,
+        tensor_parallel=loaded.parallel is not None,
+        compiled=config.compile == "on",
+    )
+    if report.num_layers:
+        log.info(
+            "dense batch copies (dense_batch_weights=%s): %d quantized layers, %.1f MiB bf16, "
+            "run from %d rows (decided in %.2f s)",
+            report.mode,
+            report.num_layers,
+            report.bytes / 2**20,
+            report.min_rows,
+            report.seconds,
+        )
+    else:
+        log.info("dense batch copies: none (%s)", report.reason)
 
 
 def _limit_context(loaded: LoadedModel, kv_tokens: int) -> None:

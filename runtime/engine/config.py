@@ -14,6 +14,7 @@ from runtime.engine.scheduled import SchedulerConfig
 from runtime.engine.spec.config import SpecConfig
 from runtime.errors import ConfigError
 from runtime.memory.host_heap import MMAP_THRESHOLD_MAX
+from runtime.models.dense_batch import DENSE_MODES
 from runtime.models.fast.build import FastPathOptions
 
 
@@ -38,6 +39,11 @@ class EngineConfig:
     max_queued_requests: int = 256
     max_queued_tokens: int = 262144
     request_timeout_s: float = 120.0
+    # quantized CPU layers: a dense bf16 copy for calls of many rows (runtime.models.dense_batch):
+    # auto | on | off; the copies' byte bound under auto; > 0: from this many rows, unmeasured
+    dense_batch_weights: str = "auto"
+    dense_batch_max_bytes: int = 1 << 30
+    dense_batch_min_rows: int = 0
     compile: str = "auto"  # torch.compile the layers: auto | on | off (runtime.models.fast.build)
     cuda_graphs: str = "auto"  # capture it per batch bucket on CUDA: auto | on | off
     kv_cache_bytes: int = 1 << 30  # the page pool, reserved at build (runtime.memory.kv_pool)
@@ -103,6 +109,16 @@ class EngineConfig:
             )
         if self.kv_block_size < 1:
             raise ConfigError("kv_block_size must be >= 1", param="kv_block_size")
+        if self.dense_batch_weights not in DENSE_MODES:
+            raise ConfigError(
+                f"dense_batch_weights must be one of {', '.join(DENSE_MODES)}",
+                param="dense_batch_weights",
+            )
+        if self.dense_batch_min_rows < 0 or self.dense_batch_max_bytes < 0:
+            raise ConfigError(
+                "dense_batch_min_rows and dense_batch_max_bytes must be >= 0",
+                param="dense_batch_min_rows",
+            )
         if self.request_timeout_s <= 0:
             raise ConfigError("request_timeout_s must be positive", param="request_timeout_s")
         if self.scheduling_policy not in ("fcfs", "priority"):
@@ -145,6 +161,9 @@ class EngineConfig:
             "request_timeout_s": settings.request_timeout_s,
             "kv_cache_bytes": settings.kv_cache_bytes,
             "compile": settings.compile,
+            "dense_batch_weights": settings.dense_batch_weights,
+            "dense_batch_max_bytes": settings.dense_batch_max_bytes,
+            "dense_batch_min_rows": settings.dense_batch_min_rows,
             "cuda_graphs": settings.cuda_graphs,
             "kv_block_size": settings.kv_block_size,
             "enable_prefix_caching": settings.enable_prefix_caching,

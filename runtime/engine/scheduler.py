@@ -186,7 +186,7 @@ class Scheduler(Preemption):
         wanted = (
             seq.kv_capacity if self.config.reserve_full_sequence else prefix.num_tokens + num_tokens
         )
-        need = self.kv.pages_for(wanted) - self.kv.pages_for(prefix.num_tokens)
+        need = self.kv.pages_for(wanted) - prefix.num_held_pages  # a partial page is taken
         # the running sequences' next pages come first: leave a little headroom for them (none
         # needed when every sequence got all its pages up front)
         headroom = min(len(self.running), max(1, self.kv.num_pages // 100))

@@ -10,7 +10,8 @@ advances the cursor itself, so every layer of one forward sees the same `num_tok
   probe(token_ids)             what allocate would find, taking nothing: the scheduler asks
                                before it admits, so admission never allocates and frees again
   allocate(seq_id, token_ids)  a page table starting with the longest cached prefix (full pages,
-                               refcounted, at most all but the last token so one is computed)
+                               refcounted, then the first tokens of a cached page copied into
+                               a fresh one; at most all but the last token, so one is computed)
   ensure(kv, n)                pages for n more tokens, appended as needed: no max_tokens
                                reservation; False (nothing taken) when no page is free or cached
   fork(parent, seq_id)         a page table for another choice of the same prompt: the parent's
@@ -26,7 +27,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -38,6 +39,7 @@ from runtime.memory.kv_pool import (
     PrefixProbe,
     SequenceKV,
     TokenSlice,
+    child_slot,
     page_key,
     salt_root,
 )
@@ -92,6 +94,9 @@ class KVCache:
         self.born_s = time.monotonic()
         self.pool_id = f"{owner}#{id(self):x}"
         self.scratch = GatherScratch(dtype, self.device)
+        # told of every page copy (a fork's partial page, a partial prefix hit): tensor-parallel
+        # workers make the same copy in their pools before the next forward (tp/leader.py)
+        self.on_page_copy: Callable[[int, int], None] | None = None
         allocator.set_breakdown(block, self.report)
         # the block goes back when the engine closes the cache, or when the cache is dropped
         self._close = weakref.finalize(self, allocator.release, block)
@@ -141,10 +146,17 @@ class KVCache:
         """What `allocate(_, token_ids, salt)` would start from, with nothing taken."""
         with self._lock:
             if not self.enable_prefix_caching:
-                return PrefixProbe(0, 0)
-            pages = [page for page, _ in self._cached_prefix(salt_root(salt), token_ids)]
+                return PrefixProbe(0, 0, 0)
+            salt_key = salt_root(salt)
+            found = self._cached_prefix(salt_key, token_ids)
+            pages = [page for page, _ in found]
+            num_tokens = len(pages) * self.page_size
+            partial = self._partial(salt_key, token_ids, found)
+            if partial is not None:
+                pages.append(partial[0])
+                num_tokens += partial[1]
             idle = sum(1 for page in pages if self.pool.refcounts[page] == 0)
-            return PrefixProbe(len(pages) * self.page_size, idle)
+            return PrefixProbe(num_tokens, idle, len(found))
 
     def _cached_prefix(self, salt_key: bytes, token_ids: Sequence[int]) -> list[tuple[int, bytes]]:
         """(page, key) of the longest run of cached full pages `token_ids` starts with."""
@@ -159,12 +171,45 @@ class KVCache:
             prev = key
         return found
 
+    def _partial(
+        self, salt_key: bytes, token_ids: Sequence[int], found: list[tuple[int, bytes]]
+    ) -> tuple[int, int] | None:
+        """(page, n): a keyed page after the cached whole pages `found` whose first n tokens
+        come next in `token_ids` (the last token excluded: it is always computed)."""
+        start = len(found) * self.page_size
+        rest = token_ids[start : len(token_ids) - 1]
+        slot = child_slot(found[-1][1] if found else salt_key, self.model_version)
+        return self.pool.best_child(slot, rest[: self.page_size - 1])
+
     def _reuse_prefix(self, kv: SequenceKV, token_ids: Sequence[int]) -> None:
-        for page, key in self._cached_prefix(kv.salt_key, token_ids):
+        found = self._cached_prefix(kv.salt_key, token_ids)
+        for page, key in found:
             self.pool.hold(page)
             kv.page_ids.append(page)
             kv.keys.append(key)
-        kv.num_tokens = kv.num_cached_tokens = len(kv.page_ids) * self.page_size
+        kv.num_tokens = len(kv.page_ids) * self.page_size
+        partial = self._partial(kv.salt_key, token_ids, found)
+        if partial is not None:
+            # Tokens, not only pages: a prompt that ends inside a cached page (the same prompt
+            # again, a shared prefix one page long and a little more) copies that page's K/V
+            # into a fresh page and computes only what follows. The whole page is copied, as a
+            # fork copies (and as tensor-parallel workers replay it): slots past the cursor hold
+            # the source's later tokens, masked like anything past a sequence's cursor.
+            source, num = partial
+            self.pool.hold(source)  # so taking the fresh page cannot evict it
+            taken = self.pool.take(1)
+            if taken is not None:
+                self._copy_page(source, taken[0])
+                kv.page_ids.append(taken[0])
+                kv.num_tokens += num
+            self.pool.release(source)
+        kv.num_cached_tokens = kv.num_tokens
+
+    def _copy_page(self, source: int, dest: int) -> None:
+        data = self.pool.data  # [layers, 2, heads, pages, block, dim]
+        data[:, :, :, dest] = data[:, :, :, source]
+        if self.on_page_copy is not None:
+            self.on_page_copy(source, dest)
 
     def ensure(self, kv: SequenceKV, num_new_tokens: int) -> bool:
         """Make room for `num_new_tokens` more tokens; False (nothing taken) if no room."""
@@ -203,9 +248,7 @@ class KVCache:
                 if taken is None:
                     return None
                 copied = taken
-                source = parent.page_ids[num_full]
-                data = self.pool.data  # [layers, 2, heads, pages, block, dim]
-                data[:, :, :, copied[0]] = data[:, :, :, source]
+                self._copy_page(parent.page_ids[num_full], copied[0])
             kv = SequenceKV(self.pool.data, seq_id, self.scratch)
             for page in parent.page_ids[:num_full]:
                 self.pool.hold(page)
@@ -230,8 +273,10 @@ class KVCache:
                 return
             for i in range(len(kv.keys), kv.num_tokens // size):
                 prev = kv.keys[-1] if kv.keys else kv.salt_key
-                key = page_key(prev, tokens(i * size, (i + 1) * size), self.model_version)
-                self.pool.publish(kv.page_ids[i], key)
+                page_tokens = tokens(i * size, (i + 1) * size)
+                key = page_key(prev, page_tokens, self.model_version)
+                slot = child_slot(prev, self.model_version)
+                self.pool.publish(kv.page_ids[i], key, slot, page_tokens)
                 kv.keys.append(key)
 
     def count_prefix_query(self, num_tokens: int, num_hit_tokens: int) -> None:

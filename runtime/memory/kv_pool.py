@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from runtime.memory.gather_scratch import GatherScratch
 
 ZERO_PAGE = 0
+MAX_CHILDREN_SCANNED = 32  # PagePool.best_child
 TokenSlice = Callable[[int, int], Sequence[int]]  # (start, end) -> the sequence's token ids
 
 
@@ -52,6 +53,12 @@ def page_key(prev_key: bytes, token_ids: Sequence[int], model_version: str) -> b
     h.update(model_version.encode())
     h.update(array("q", token_ids).tobytes())
     return h.digest()
+
+
+def child_slot(prev_key: bytes, model_version: str) -> bytes:
+    """What the pages following `prev_key` (b"": a sequence's first page) are indexed under
+    for partial reuse: the previous key and the weights, as in their own keys."""
+    return b"slot:" + prev_key + model_version.encode()
 
 
 def salt_root(salt: str) -> bytes:
@@ -76,6 +83,10 @@ class PagePool:
         self._lru: OrderedDict[int, None] = OrderedDict()  # cached pages, oldest first
         self._by_key: dict[bytes, int] = {}
         self._key_of: dict[int, bytes] = {}
+        # keyed pages by what precedes them (`child_slot`), with their tokens, newest last: a
+        # prompt that ends inside such a page reuses its first tokens (KVCache.allocate)
+        self._children: dict[bytes, dict[int, tuple[int, ...]]] = {}
+        self._slot_of: dict[int, bytes] = {}
         self.lazy = data.device.type == "cpu"  # memory becomes resident when first written
         self._touched = ZERO_PAGE + 1  # pages below this id have been written
         data[:, :, :, ZERO_PAGE].zero_()
@@ -117,7 +128,7 @@ class PagePool:
                 self._touched = max(self._touched, page + 1)
             else:  # evict: the page's old prefix is forgotten before it is reused
                 page, _ = lru.popitem(last=False)
-                del self._by_key[self._key_of.pop(page)]
+                self._forget(page)
             pages.append(page)
         for page in pages:
             self.refcounts[page] = 1
@@ -151,14 +162,49 @@ class PagePool:
     def lookup(self, key: bytes) -> int | None:
         return self._by_key.get(key)
 
-    def publish(self, page: int, key: bytes) -> bool:
-        """Key a full, held page so later sequences can reuse it. False when the key already
-        names another page (two sequences computed the same prefix): the first one stays."""
+    def publish(self, page: int, key: bytes, slot: bytes = b"", tokens: Sequence[int] = ()) -> bool:
+        """Key a full, held page so later sequences can reuse it; with `slot` (what precedes it,
+        `child_slot`) and its `tokens`, a prompt ending inside it can reuse its first tokens.
+        False when the key already names another page (two sequences computed the same
+        prefix): the first one stays."""
         if key in self._by_key or page in self._key_of or self.refcounts[page] == 0:
             return False
         self._by_key[key] = page
         self._key_of[page] = key
+        if slot:
+            self._children.setdefault(slot, {})[page] = tuple(tokens)
+            self._slot_of[page] = slot
         return True
+
+    def _forget(self, page: int) -> None:
+        """Drop a page from the prefix index (evicted, or dropped with the cache)."""
+        del self._by_key[self._key_of.pop(page)]
+        slot = self._slot_of.pop(page, None)
+        if slot is not None:
+            children = self._children[slot]
+            del children[page]
+            if not children:
+                del self._children[slot]
+
+    def best_child(self, slot: bytes, tokens: Sequence[int]) -> tuple[int, int] | None:
+        """(page, n): of the keyed pages that follow `slot`, the one whose first n tokens are
+        `tokens`' first n, n as large as possible and >= 1; None when none starts alike.
+        Scans the newest `MAX_CHILDREN_SCANNED` only: a popular prefix (a shared system
+        prompt) can have thousands of continuations, and admission must stay cheap."""
+        children = self._children.get(slot)
+        if not children or not tokens:
+            return None
+        best: tuple[int, int] | None = None
+        for scanned, page in enumerate(reversed(children)):
+            if scanned == MAX_CHILDREN_SCANNED:
+                break
+            stored = children[page]
+            n, limit = 0, min(len(stored), len(tokens))
+            while n < limit and stored[n] == tokens[n]:
+                n += 1
+            if n and (best is None or n > best[1]):
+                best = (page, n)
+        return best
 
     def is_keyed(self, page: int) -> bool:
         return page in self._key_of
@@ -178,7 +224,7 @@ class PagePool:
         empty pool): a later prefix hit must not reuse them. Returns how many were dropped."""
         dropped = list(self._lru)
         for page in dropped:
-            del self._by_key[self._key_of.pop(page)]
+            self._forget(page)
             heapq.heappush(self._free, page)
         self._lru.clear()
         return len(dropped)
@@ -188,10 +234,11 @@ class PagePool:
 class PrefixProbe:
     """The cached prefix a sequence would start from, found without holding it."""
 
-    num_tokens: int  # tokens of K/V already stored (whole pages)
-    # of its pages, those no sequence holds now: `num_available_pages` counts them as room, and
-    # holding them for the prefix takes them out of it
+    num_tokens: int  # tokens of K/V already stored: whole pages, then part of one copied
+    # of the pages it reads (the copy's source included), those no sequence holds now:
+    # `num_available_pages` counts them as room, and holding them takes them out of it
     num_idle_pages: int
+    num_held_pages: int  # whole pages shared, not taken (a partial page is a new page's copy)
 
 
 class SequenceKV:

@@ -58,6 +58,42 @@ class QuantizedLinear(nn.Module):
 
     in_features: int
     out_features: int
+    bias: nn.Parameter | None
+    # a dense bf16 copy of the weight, run for calls of at least `dense_min_rows` rows
+    # (runtime.models.dense_batch); None: every call runs the quantized kernel
+    dense: Tensor | None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("dense", None, persistent=False)
+        self.dense_min_rows = 0
+
+    def attach_dense(self, dense: Tensor, min_rows: int) -> None:
+        if dense.shape != (self.out_features, self.in_features) or min_rows < 1:
+            raise ValueError(f"a dense copy of [{self.out_features}, {self.in_features}] rows")
+        self.dense, self.dense_min_rows = dense, min_rows
+
+    @property
+    def packed_device(self) -> torch.device:
+        """Where the layer's kernel runs."""
+        return next(iter(self.buffers())).device
+
+    def quantized_forward(self, x2: Tensor) -> Tensor:
+        """[rows, in] bf16 -> [rows, out] through the quantized kernel (no bias)."""
+        raise NotImplementedError
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).to(torch.bfloat16)
+        dense = self.dense
+        if dense is not None and x2.shape[0] >= self.dense_min_rows:
+            y = nn.functional.linear(x2, dense)
+        else:
+            y = self.quantized_forward(x2)
+        y = y.to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*shape[:-1], self.out_features)
 
     def add_to_(self, out: Tensor, x: Tensor) -> Tensor:
         """out [T, out_features] += self(x), in place (the kernels cannot accumulate)."""
@@ -143,17 +179,12 @@ class Int8Linear(QuantizedLinear):
     def weight_bytes(self) -> int:
         return self.codes.nbytes + self.scales_bf16.nbytes
 
-    def forward(self, x: Tensor) -> Tensor:
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1]).to(torch.bfloat16)
+    def quantized_forward(self, x2: Tensor) -> Tensor:
         if self.pad:  # a fresh, aligned copy
             x2 = nn.functional.pad(x2, (0, self.pad))
         elif not torch.compiler.is_compiling():  # a compiled graph's buffers are its own
             x2 = _kernel_aligned(x2)  # a bf16 input is not copied by `.to`: it may be a view
-        y = torch._weight_int8pack_mm(x2, self.kernel_codes, self.scales_bf16).to(x.dtype)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.reshape(*shape[:-1], self.out_features)
+        return torch._weight_int8pack_mm(x2, self.kernel_codes, self.scales_bf16)
 
 
 class Int4Linear(QuantizedLinear):
@@ -246,14 +277,9 @@ class Int4Linear(QuantizedLinear):
     def weight_bytes(self) -> int:
         return self.packed.nbytes + self.own_codes.nbytes + self.scales_zeros_bf16.nbytes
 
-    def forward(self, x: Tensor) -> Tensor:
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1]).to(torch.bfloat16)
+    def quantized_forward(self, x2: Tensor) -> Tensor:
         kernel = torch._weight_int4pack_mm if self.is_cuda else torch._weight_int4pack_mm_for_cpu
-        y = kernel(x2, self.packed, self.group_size, self.scales_zeros_bf16).to(x.dtype)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.reshape(*shape[:-1], self.out_features)
+        return kernel(x2, self.packed, self.group_size, self.scales_zeros_bf16)
 
 
 def _unpack_cpu_int4(packed: Tensor, out_f: int, in_f: int) -> Tensor:

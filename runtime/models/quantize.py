@@ -139,6 +139,9 @@ def is_quantized(model: nn.Module) -> bool:
     return any(getattr(m, "method", None) in METHODS for m in model.modules())
 
 
+DENSE_KEY = "bfloat16-dense"  # the dense copies of quantized layers (runtime.models.dense_batch)
+
+
 def weight_bytes_by_format(model: nn.Module) -> dict[str, int]:
     """Resident weight bytes per storage format (`int8`, `int4`, `fp8`, or the float dtype)."""
     out: dict[str, int] = {}
@@ -147,6 +150,9 @@ def weight_bytes_by_format(model: nn.Module) -> dict[str, int]:
         method = getattr(module, "method", None)
         if method in METHODS:
             out[method] = out.get(method, 0) + int(module.weight_bytes)  # type: ignore[arg-type]
+            dense = getattr(module, "dense", None)  # runtime.models.dense_batch
+            if dense is not None:
+                out[DENSE_KEY] = out.get(DENSE_KEY, 0) + dense.nbytes
             seen.update(id(b) for b in module.buffers())
             seen.update(id(p) for p in module.parameters())
     for tensor in list(model.parameters()) + list(model.buffers()):

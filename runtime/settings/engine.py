@@ -53,6 +53,21 @@ class EngineSettings(BaseModel):
     cuda_graphs: str = Field(
         "auto", pattern="^(auto|on|off)$", description="capture the decode step per batch bucket"
     )
+    # quantized CPU layers (runtime.models.dense_batch): a dense bf16 copy of each projection,
+    # run for steps of many rows (batched decode, prefill), where torch's int4/int8 kernels are
+    # slower than a bf16 GEMM; the crossover is measured at load unless dense_batch_min_rows
+    dense_batch_weights: str = Field(
+        "auto",
+        pattern="^(auto|on|off)$",
+        description="auto (on CPU, when the copies fit dense_batch_max_bytes and are faster) "
+        "| on | off",
+    )
+    dense_batch_max_bytes: int = Field(
+        1 << 30, ge=0, description="auto attaches the dense copies only up to this many bytes"
+    )
+    dense_batch_min_rows: int = Field(
+        0, ge=0, description="rows from which a step runs the dense copies; 0: measured at load"
+    )
 
     # --- allocator (runtime.memory.AllocatorConfig.from_settings) ----------------------------
     allocator_small_max_bytes: int = Field(1 << 20, ge=16, description="small tier: below this")

@@ -14,7 +14,7 @@ import pytest
 
 from bench import peer_server
 from bench.peer_server import Window, closed_loop, summarise
-from bench.peer_server_plot import plot, series
+from bench.peer_server_plot import configs, plot, series
 from tests.integration.support import MODEL, live_runtime, runtime_settings
 
 
@@ -90,6 +90,9 @@ def test_the_plot_draws_each_side_against_streams(tmp_path: Path) -> None:
         "llama_server_np8",
         "llama_server_np32",
     ]
+    each = configs(report)
+    assert set(each) == {"llama_server_np8", "llama_server_np32"}
+    assert [f["ttft_p50_s"] for _, f in each["llama_server_np32"]] == [0.1, 5.0]
     plot(report, tmp_path / "peer.png")
     assert (tmp_path / "peer.png").read_bytes().startswith(b"\x89PNG")
 

@@ -16,7 +16,6 @@ import torch
 from runtime.engine.tp.messages import PoolSpec, StepMessage
 from runtime.engine.tp.world import TPWorld
 from runtime.memory.kv_cache import KVCache
-from runtime.memory.kv_pool import SequenceKV
 from runtime.models.batch_plan import SeqSlice
 
 __all__ = ["TPLeader"]
@@ -27,7 +26,7 @@ class TPLeader:
         self.world = world
         self.kv_cache = kv_cache
         self._copies: list[tuple[int, int]] = []  # page copies the workers have not made yet
-        self._record_forks(kv_cache)
+        kv_cache.on_page_copy = self._record_copy
         data = kv_cache.pool.data
         world.send_pool(
             PoolSpec(
@@ -39,19 +38,10 @@ class TPLeader:
             )
         )
 
-    def _record_forks(self, kv_cache: KVCache) -> None:
-        """`KVCache.fork` copies the parent's partial last page on rank 0; the workers must make
-        the same copy in their pools before the next forward reads it."""
-        fork = kv_cache.fork
-
-        def recording_fork(parent: SequenceKV, seq_id: str) -> SequenceKV | None:
-            kv = fork(parent, seq_id)
-            if kv is not None and parent.num_tokens % parent.page_size:
-                source = parent.page_ids[parent.num_tokens // parent.page_size]
-                self._copies.append((source, kv.page_ids[-1]))
-            return kv
-
-        kv_cache.fork = recording_fork  # type: ignore[method-assign]
+    def _record_copy(self, source: int, dest: int) -> None:
+        """`KVCache` copied a page on rank 0 (a fork's partial last page, a partial prefix
+        hit); the workers must make the same copy in their pools before the next forward."""
+        self._copies.append((source, dest))
 
     def send_step(self, input_ids: torch.Tensor, slices: list[SeqSlice]) -> None:
         """The step's inputs, and the page copies made since the last one, to every worker."""

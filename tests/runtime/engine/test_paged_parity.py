@@ -1,7 +1,8 @@
 """Paged KV end to end: 64 mixed requests (prompts sharing prefixes, chunked prefill, requests
 joining mid-flight, cancellations) give greedy tokens identical to `transformers` and to the same
-engine run one request at a time, with prefix caching on, off, and with a page budget so small
-that running sequences are preempted and recomputed. After the drain no page is held."""
+engine run one request at a time, with prefix caching on (whole pages and parts of pages), off,
+and with a page budget so small that running sequences are preempted and recomputed. After the
+drain no page is held."""
 
 from __future__ import annotations
 
@@ -90,8 +91,10 @@ def one_at_a_time(demo_model_dir, workload) -> list[list[int]]:
 CASES = {
     "prefix-caching-on": {"enable_prefix_caching": True, "max_num_seqs": 16},
     "prefix-caching-off": {"enable_prefix_caching": False, "max_num_seqs": 16},
-    # 10 pages of 16 tokens for 16 sequences of up to 91 tokens: preemption is unavoidable
-    "preemption": {"kv_cache_bytes": 11 * TINY_PAGE_BYTES, "max_num_seqs": 16},
+    # 8 pages of 16 tokens for 16 sequences of up to 91 tokens: preemption is unavoidable (10
+    # pages forced 7 preemptions a run with whole pages reused, and 1 once parts of pages were:
+    # too close to none; 8 pages force 8)
+    "preemption": {"kv_cache_bytes": 9 * TINY_PAGE_BYTES, "max_num_seqs": 16},
 }
 
 
@@ -118,11 +121,14 @@ def test_64_mixed_requests_match_transformers_and_one_at_a_time(
         assert kv.prefix_hit_tokens == 0 and not any(cached)
     else:
         assert kv.prefix_hit_tokens > 0 and sum(cached) > 0
+        # prompts cut anywhere from shared prefixes: some reuse part of a page (its first
+        # tokens copied, docs/kv_cache.md), and still decode exactly what transformers does
+        assert any(c % 16 for c in cached), cached
         by_id = sink.by_id()
         assert sum(r.cached_tokens for r in by_id.values()) == kv.prefix_hit_tokens
     if case == "preemption":
         assert kv.num_preemptions > 0, "the page budget should have forced preemptions"
-        assert kv.num_pages == 10
+        assert kv.num_pages == 8
     # drained: every page free or cached, and the allocator names no request
     assert kv.num_used_pages == 0
     assert live_owners(engine) == []

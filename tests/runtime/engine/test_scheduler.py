@@ -245,11 +245,12 @@ def test_a_held_head_is_probed_never_allocated_and_freed_again() -> None:
         run_step(s, 8)
     assert cache.calls == ["allocate a"] and s.num_holds == 3  # held, nothing taken or freed
     assert s.kv_stats().num_shared_pages == 0  # the prefix pages were never held for b
-    s.finish(s.running[0])  # a's 2 keyed pages stay cached, its third page is free
+    s.finish(s.running[0])  # a's pages stay cached: its third filled up while b waited
     assert [rid for rid, _ in run_step(s, 8)] == ["b"]
     assert cache.calls == ["allocate a", "free a", "allocate b"]
     b = s.running[0]
-    assert b.stats.cached_tokens == 8 and b.num_computed_tokens == 20  # one cursor: the KV's
+    # 2 whole pages, then the one token (9) b shares with a's third page, copied
+    assert b.stats.cached_tokens == 9 and b.num_computed_tokens == 20  # one cursor: the KV's
 
 
 def test_a_binding_limit_reports_how_long_the_head_of_the_queue_has_waited() -> None:

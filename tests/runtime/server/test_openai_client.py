@@ -168,13 +168,20 @@ def test_usage_reports_prompt_tokens_served_from_the_prefix_cache(
         model="llama", messages=messages, max_tokens=3, temperature=0
     )
     assert first.usage is not None and first.usage.prompt_tokens_details is not None
-    assert first.usage.prompt_tokens_details.cached_tokens == 0  # nobody computed it before
+    # nobody computed this system prompt before: at most the chat template's first tokens,
+    # which earlier tests' prompts share, are copied from part of a cached page
+    assert first.usage.prompt_tokens_details.cached_tokens < 16
     again = client.chat.completions.create(
         model="llama", messages=messages, max_tokens=3, temperature=0
     )
     assert again.usage is not None and again.usage.prompt_tokens_details is not None
-    # every full page but the one holding the last prompt token (which is always computed)
-    assert again.usage.prompt_tokens_details.cached_tokens == (num_prompt - 1) // 16 * 16 > 0
+    # every full page but the one holding the last prompt token (which is always computed);
+    # and all but that token when the first request filled that page (its K/V holds the prompt
+    # and 2 of its 3 tokens), whose first tokens are then copied
+    whole = (num_prompt - 1) // 16 * 16
+    filled = (num_prompt + 2) // 16 * 16 > whole
+    expected = num_prompt - 1 if filled else whole
+    assert again.usage.prompt_tokens_details.cached_tokens == expected > 0
     assert again.choices[0].message.content == first.choices[0].message.content
     streamed = list(
         client.chat.completions.create(
