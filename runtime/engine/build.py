@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+import torch
+
 from runtime.engine.batching.controller import AdaptiveBatchController, BusyTracker
 from runtime.engine.batching.step_model import StepTimeModel
 from runtime.engine.batching.warmup import WarmupPlan
@@ -29,6 +31,7 @@ from runtime.engine.scheduler import Scheduler
 from runtime.engine.sequence import Sequence
 from runtime.engine.spec.attach import build_speculation
 from runtime.engine.stats import StatsSink
+from runtime.engine.threads import apply_num_threads
 from runtime.engine.warmup import run_warmup
 from runtime.errors import ModelLoadError
 from runtime.memory import Allocator, get_allocator
@@ -164,14 +167,20 @@ def _dense_copies(config: EngineConfig, loaded: LoadedModel) -> None:
     (runtime.models.dense_batch), decided and measured here, once per loaded model."""
     if not is_quantized(loaded.model):
         return
-    report = attach_dense_copies(
-        loaded.model,
-        config.dense_batch_weights,
-        max_bytes=config.dense_batch_max_bytes,
-        min_rows=config.dense_batch_min_rows,
-        tensor_parallel=loaded.parallel is not None,
-        compiled=config.compile == "on",
-    )
+    threads = torch.get_num_threads()  # the caller's count, given back after the measurement
+    if config.num_threads is not None:  # measured at the count the loop's steps will run at
+        apply_num_threads(config.num_threads)
+    try:
+        report = attach_dense_copies(
+            loaded.model,
+            config.dense_batch_weights,
+            max_bytes=config.dense_batch_max_bytes,
+            min_rows=config.dense_batch_min_rows,
+            tensor_parallel=loaded.parallel is not None,
+            compiled=config.compile == "on",
+        )
+    finally:
+        torch.set_num_threads(threads)
     if report.num_layers:
         log.info(
             "dense batch copies (dense_batch_weights=%s): %d quantized layers, %.1f MiB bf16, "
