@@ -20,8 +20,8 @@ is for, always stays on the quantized kernel.
 layer is timed at load on both kernels at 2..64 rows (weights streamed from memory, as a step
 reads them), and the copies run from the smallest row count at which the dense pass is 1.2x
 as fast there and at every larger count measured (a margin: near a tie the choice would follow
-the machine's noise). `on` ignores the byte
-bound; `off` keeps the quantized kernels for every call. `dense_batch_min_rows` > 0 skips the
+the machine's noise). `on` ignores the byte bound; `off` keeps the quantized kernels for every
+call. `dense_batch_min_rows` > 0 skips the
 measurement (fixed, reproducible behaviour for tests and for operators who measured). No copies
 under tensor parallelism (each rank would decide on its own shard) nor with `compile=on` (the
 row-count branch would be a guard in the compiled graphs, so a step past it would recompile on
@@ -128,25 +128,29 @@ def attach_dense_copies(
     compiled: bool = False,
 ) -> DenseBatchReport:
     """Give the model's quantized CPU layers a dense bf16 copy for calls of many rows (module
-    doc). Idempotent: layers that already have one keep it."""
+    doc). Layers that already have one (an earlier engine on the same weights) keep it, unless
+    this engine's settings rule the copies out: then they are dropped."""
     if mode not in DENSE_MODES:
         raise ValueError(f"dense_batch_weights must be one of {DENSE_MODES}, got {mode!r}")
     layers = _quantized_layers(model)
-    if mode == "off":
-        return DenseBatchReport(mode, reason="off")
-    if not layers:
-        return DenseBatchReport(mode, reason="no quantized layers")
-    if tensor_parallel:  # every rank would have to make the same choice on its own shard
-        return DenseBatchReport(mode, reason="tensor parallel")
-    if compiled:  # a row-count branch in a traced graph is a guard: a recompile on a request
-        return DenseBatchReport(mode, reason="compile=on: the compiled step runs the kernels")
-    if any(layer.packed_device.type != "cpu" for layer in layers):
-        return DenseBatchReport(mode, reason="not on CPU")
     total = sum(layer.in_features * layer.out_features * 2 for layer in layers)
-    if mode == "auto" and total > max_bytes:
-        return DenseBatchReport(
-            mode, reason=f"the copies' {total} bytes exceed dense_batch_max_bytes={max_bytes}"
-        )
+    reason = ""
+    if mode == "off":
+        reason = "off"
+    elif not layers:
+        reason = "no quantized layers"
+    elif tensor_parallel:  # every rank would have to make the same choice on its own shard
+        reason = "tensor parallel"
+    elif compiled:  # a row-count branch in a traced graph is a guard: a recompile on a request
+        reason = "compile=on: the compiled step runs the kernels"
+    elif any(layer.packed_device.type != "cpu" for layer in layers):
+        reason = "not on CPU"
+    elif mode == "auto" and total > max_bytes:
+        reason = f"the copies' {total} bytes exceed dense_batch_max_bytes={max_bytes}"
+    if reason:
+        for layer in layers:
+            layer.dense, layer.dense_min_rows = None, 0
+        return DenseBatchReport(mode, reason=reason)
     start = time.perf_counter()
     with torch.inference_mode():
         have = [layer for layer in layers if layer.dense is not None]

@@ -94,6 +94,10 @@ def test_modes_and_the_byte_bound(demo_model_dir: Callable[[str], Path]) -> None
     # a second engine on the same weights keeps the copies it finds
     again = attach_dense_copies(model, "auto", max_bytes=1 << 40, min_rows=9)
     assert (again.num_layers, again.min_rows) == (len(layers), 6)
+    # and one whose settings rule them out drops them: `off` means the kernels for every call
+    dropped = attach_dense_copies(model, "off", max_bytes=1 << 40)
+    assert dropped.num_layers == 0 and all(m.dense is None for m in layers)
+    assert DENSE_KEY not in weight_bytes_by_format(model)
     with pytest.raises(ValueError, match="dense_batch_weights"):
         attach_dense_copies(model, "always", max_bytes=0)
 
