@@ -67,7 +67,6 @@ class DenseBatchReport:
     num_layers: int = 0  # layers that got a copy
     bytes: int = 0  # the copies' bytes
     min_rows: int = 0  # rows from which a call runs the copy
-
     reason: str = ""  # why no copy was attached, when none was
     seconds: float = 0.0  # the measurement's time
 

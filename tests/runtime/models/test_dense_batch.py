@@ -141,11 +141,23 @@ def test_the_crossover_rule_on_timed_sweeps(monkeypatch: pytest.MonkeyPatch) -> 
     assert run(set(dense_batch._ROWS)) == 2
 
 
-def test_the_real_sweep_times_both_passes() -> None:
-    """Not a timing assertion: the measurement runs both kernels and returns a row count."""
-    layer = _layer("int8")
-    rows = dense_batch._crossover([layer], [layer.weight.to(torch.bfloat16)])
-    assert rows == 0 or rows in dense_batch._ROWS
+def test_a_sweep_calls_every_layer_once_a_pass_and_reports_the_median() -> None:
+    """One warm-up pass, then `_REPEATS` timed passes, each calling every layer once with its
+    own input; the median of the timed passes is what the crossover compares."""
+    calls: list[int] = []
+    inputs = [torch.zeros(2, 4), torch.zeros(3, 4)]
+
+    def layer(i: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        def call(x: torch.Tensor) -> torch.Tensor:
+            assert x is inputs[i]
+            calls.append(i)
+            return x
+
+        return call
+
+    seconds = dense_batch._sweep_seconds([(layer(0), inputs[0]), (layer(1), inputs[1])])
+    assert calls == [0, 1] * (1 + dense_batch._REPEATS)
+    assert seconds >= 0.0
 
 
 def test_engine_config_refuses_unknown_modes() -> None:
