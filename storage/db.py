@@ -14,7 +14,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
-from sqlalchemy import Engine, create_engine, event, make_url
+from sqlalchemy import Connection, Engine, create_engine, event, make_url
 from sqlalchemy.exc import NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
@@ -82,11 +82,26 @@ def alembic_config(engine: Engine | None = None) -> Config:
     return config
 
 
+def begin_ddl(connection: Connection) -> None:
+    """Make the migrations one transaction on SQLite. Python's sqlite3 module opens a transaction
+    only before DML, so each CREATE/ALTER of a migration committed on its own: a server stopped or
+    locked out halfway left tables without the `alembic_version` stamp, and every later start then
+    failed on "table inference_log already exists". An explicit BEGIN IMMEDIATE (sqlite3 adds
+    none of its own once one is open) takes the write lock first, so two servers starting on one
+    file migrate one after the other. PostgreSQL's DDL is transactional already."""
+    if connection.dialect.name != "sqlite":
+        return
+    if not getattr(connection.connection.dbapi_connection, "in_transaction", False):
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Apply migrations up to `revision` (idempotent). Raises StorageError when it cannot."""
+    """Apply migrations up to `revision` (idempotent, all or nothing). Raises StorageError when
+    it cannot."""
     config = alembic_config(engine)
     try:
         with engine.begin() as connection:
+            begin_ddl(connection)
             config.attributes["connection"] = connection
             before = MigrationContext.configure(connection).get_current_revision()
             command.upgrade(config, revision)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection
 
-from storage.db import make_engine
+from storage.db import begin_ddl, make_engine
 from storage.models import Base
 
 config = context.config
@@ -36,6 +36,7 @@ def run_migrations_online() -> None:
     engine = make_engine(url)
     try:
         with engine.begin() as conn:
+            begin_ddl(conn)
             _run(conn)
     finally:
         engine.dispose()

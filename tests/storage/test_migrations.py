@@ -1,12 +1,14 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
+import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from click.testing import CliRunner
-from sqlalchemy import Engine, inspect, select, text
+from sqlalchemy import Engine, event, inspect, select, text
 
 from runtime.cli import cli
 from storage.db import alembic_config, current_revision, head_revision, make_engine, upgrade
@@ -179,3 +181,26 @@ def test_0004_adds_tolerance_and_instance_and_keeps_older_rows(engine: Engine) -
         )
         new = select(*cols).where(InferenceLog.request_id == "new")
         assert tuple(conn.execute(new).one()) == (0.55, "127.0.0.1:8000")
+
+
+def test_a_migration_stopped_halfway_leaves_the_database_as_it_was(db_url: str) -> None:
+    """All or nothing: the stamp failing after the tables were made (a server killed, a file
+    locked by another process) must not leave tables behind without `alembic_version`, which
+    made every later start fail on "table inference_log already exists"."""
+    engine = make_engine(db_url)
+
+    def stamp_fails(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if statement.lstrip().upper().startswith("INSERT INTO ALEMBIC_VERSION"):
+            raise RuntimeError("stopped before the stamp")
+
+    try:
+        event.listen(engine, "before_cursor_execute", stamp_fails)
+        with pytest.raises(RuntimeError, match="before the stamp"):
+            upgrade(engine)
+        event.remove(engine, "before_cursor_execute", stamp_fails)
+        assert "inference_log" not in inspect(engine).get_table_names()
+        assert current_revision(engine) is None
+        upgrade(engine)  # the next start migrates from scratch
+        assert current_revision(engine) == head_revision()
+    finally:
+        engine.dispose()
