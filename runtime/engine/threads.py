@@ -53,8 +53,11 @@ class StepThreads:
     batch-8 step ran at 143 on one and 169 on two. Which count wins depends on the model, the
     CPU and the step's size, so it is measured, not guessed: the first steps of each size class
     (powers of two of the step's tokens) alternate between one thread and the most, `trials`
-    timed steps each after a cold one, and the class then keeps the count whose median step was
-    shorter. Alternating makes a slow drift (a growing context, other load) hit both alike.
+    timed steps each after a cold one, and the class then keeps the count that the median of
+    the paired ratios (the k-th step on the most over the k-th on one, run one after the other)
+    favours. Alternating and pairing make a drift or a shift (a growing context, other load,
+    the warm-up's steps then real ones) hit both alike. A class above one that settled on the
+    most threads takes the most without measuring (more work per step splits better).
     Off (the count never changes) when the most is one, or for a CUDA device, whose steps do not
     run on these threads. A reduction split across another number of threads can round
     differently, so while a class is measuring, two identical requests may differ in the last
@@ -74,6 +77,13 @@ class StepThreads:
             return self.candidates[0]
         size = _size_class(num_tokens)
         threads = self.choice.get(size)
+        if threads is None and any(
+            c < size and t == self.max_threads for c, t in self.choice.items()
+        ):
+            # a smaller class already runs faster on the most: a bigger step has more work to
+            # split, so it does too. Measuring it anyway cost bench.serving's first burst ~0.6 s
+            # (four 1024-token prefills on one thread, 330 ms each against 180 on two)
+            threads = self.choice[size] = self.max_threads
         if threads is None:  # still measuring: the candidate with fewer steps (ties: one thread)
             threads = min(self.candidates, key=lambda c: len(self._seconds.get((size, c), ())))
         if torch.get_num_threads() != threads:  # ~0.1 us; OpenMP keeps its pool
@@ -86,9 +96,15 @@ class StepThreads:
         if len(self.candidates) == 1 or size in self.choice:
             return
         self._seconds.setdefault((size, threads), []).append(seconds)
-        timed = {c: self._seconds.get((size, c), [])[1:] for c in self.candidates}  # [0]: cold
-        if all(len(t) >= self.trials for t in timed.values()):
-            self.choice[size] = min(self.candidates, key=lambda c: statistics.median(timed[c]))
+        one, most = (self._seconds.get((size, c), [])[1:] for c in self.candidates)  # [0]: cold
+        if len(one) >= self.trials and len(most) >= self.trials:
+            # the steps alternate, so the k-th of each ran side by side: compare them in pairs.
+            # Medians of each count apart were fooled by a shift in the steps' shapes within a
+            # class (the warm-up sweep's short contexts, then real ones): at 32 decode rows of
+            # the `small` llama they kept one thread (41 ms a step against 27 on two)
+            ratios = [b / a for a, b in zip(one, most, strict=False) if a > 0]
+            faster = bool(ratios) and statistics.median(ratios) < 1.0
+            self.choice[size] = self.candidates[1] if faster else self.candidates[0]
 
 
 def step_threads_for(

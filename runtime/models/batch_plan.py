@@ -1,18 +1,19 @@
 """`BatchPlan`: the index tensors of one forward over paged KV, made once and read by every layer,
 and `attend`, the attention core each layer runs over it.
 
-Attention runs as one call per layer over a padded batch of *rows*. A row is up to `q_tile`
-consecutive new tokens of one sequence; it attends over that sequence's pages gathered in
-page-table order (every row padded to the longest table with the zero page, masked out). The
+Attention runs over a padded batch of *rows*. A row is up to `q_tile` consecutive new tokens of
+one sequence; it attends over that sequence's pages gathered in page-table order, up to its last
+query. Rows sorted by their page count are cut into at most MAX_KEY_GROUPS *key groups*, each
+padded with the zero page (masked out) to its own longest row, one attention call each. The
 tile trades query padding against gathers: decodes alone use q_tile = 1 (one row per sequence,
 no query padding); a long prefill chunk beside decodes is cut into several rows so the decodes
 are not padded to its length. `_pick_q_tile` chooses it from a cost model (see there).
 
-`attend` stores the new tokens' K/V, then makes one attention call per layer for every sequence
-of the step (prefill chunks and decodes side by side). Per layer: `index_copy_` writes the new K/V
-into their pool slots; one `index_select` gathers the rows' pages (keys and values, head by head)
-from the pool into the plan's reused buffer, which is then a padded batch [rows, kv_heads, keys,
-head_dim] with each (row, head) contiguous; one `ops.masked_attention` call with the plan's mask.
+`attend` stores the new tokens' K/V, then attends for every sequence of the step (prefill chunks
+and decodes side by side). Per layer: `index_copy_` writes the new K/V into their pool slots; one
+`index_select` gathers every group's pages (keys and values, head by head) from the pool into the
+plan's reused buffer, group after group, each then a padded batch [rows, kv_heads, keys,
+head_dim] with each (row, head) contiguous; one `ops.masked_attention` call per group.
 A query group (the query heads that share a kv head) is folded into query rows, so K/V are never
 repeated per query head. A lone sequence starting at position 0 attends to its own new K/V
 (causal, nothing to gather); a lone sequence whose pages are one run of the pool (lowest ids
@@ -23,6 +24,7 @@ What this costs on CPU is in docs/kv_cache.md (measured against the old per-sequ
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -34,6 +36,13 @@ from runtime.models import ops
 
 # a gather may take more rows than sequences up to this size (or one layer of the pool, if less)
 GATHER_BUDGET_BYTES = 16 << 20
+# rows of very different lengths are cut into at most this many key groups (see _key_group_cuts)
+MAX_KEY_GROUPS = 4
+MAX_CUT_CANDIDATES = 64
+# one more attention call, in _pick_q_tile's cost units (a gathered key vector weighs 8): a
+# small SDPA call plus its views costs ~15 us on CPU, the time of ~6,000 such units (measured:
+# 32 decode rows over 24 pages of 16 keys, 4 kv heads, 1.2 ms a layer)
+KEY_GROUP_CALL_COST = 8192
 
 
 @dataclass
@@ -44,22 +53,32 @@ class SeqSlice:
 
 
 @dataclass
+class KeyGroup:
+    """Rows padded to the same number of keys: one gather block and one attention call."""
+
+    first_row: int  # rows [first_row, first_row + num_rows) in the plan's group order
+    num_rows: int
+    num_keys: int  # key positions per row (its longest row's pages * page_size)
+    table_offset: int  # its block starts at kv_table[table_offset]
+    mask: Tensor  # [num_rows, 1, q_tile * group or 1, num_keys] True = attend
+
+
+@dataclass
 class BatchPlan:
     pool: Tensor  # [num_layers, 2, kv_heads, num_pages, page_size, head_dim]
     positions: Tensor  # [T] absolute position of every packed token
     write_slots: Tensor  # [T] page * page_size + offset: where each new token's K/V goes
     num_rows: int
     q_tile: int  # query tokens per row
-    num_keys: int  # key positions per row (pages per row * page_size)
-    # [2 * kv_heads * num_rows * pages per row]: the rows' pages (zero-page padded) in a layer's
-    # [2 * kv_heads * num_pages] page view, for keys then values, head by head
+    key_groups: list[KeyGroup]  # the rows in order of their keys, one attention call per group
+    # the groups' pages (zero-page padded) in a layer's [2 * kv_heads * num_pages] page view:
+    # group after group, each [2 * kv_heads, its rows * its pages] (keys then values, by head)
     kv_table: Tensor
     gather_out: Tensor | None  # [len(kv_table), page_size * head_dim] reused by every layer
-    # [num_rows * q_tile] packed token of each query slot, and [T] query slot of each packed
-    # token; None when q_tile == 1 (row r is token r)
+    # [num_rows * q_tile] packed token of each query slot (rows in group order), and [T] query
+    # slot of each packed token; None when row r is token r (decodes, one group, in order)
     query_index: Tensor | None
     output_index: Tensor | None
-    mask: Tensor | None  # [num_rows, 1, q_tile * group, num_keys] True = attend; None: see below
     single_prefill: bool  # one sequence from position 0: its new K/V are all it attends to
     # one sequence whose pages are consecutive in the pool (first page, pages, tokens before the
     # new ones): it attends to a view of the pool, nothing gathered (batch-1 decode, usually)
@@ -114,61 +133,131 @@ class BatchPlan:
         rows = [
             (s, j, min(q_tile, n - j)) for s, n in enumerate(lengths) for j in range(0, n, q_tile)
         ]
-        table_flat: list[int] = []
-        query_index: list[int] = []
-        query_pos: list[int] = []
-        for s, j, n in rows:
-            seq = seqs[s]
-            table_flat.extend(seq.kv.page_ids[: pages[s]])
-            table_flat.extend([0] * (pages_per_row - pages[s]))  # the zero page
-            first, past = seq.start + j, seq.kv.num_tokens + j
-            query_index.extend(range(first, first + n))
-            query_index.extend([first] * (q_tile - n))  # padding: a real token, output dropped
-            query_pos.extend(range(past, past + n))
-            query_pos.extend([0] * (q_tile - n))  # position 0 sees key 0 only: no empty row
         single_prefill = len(seqs) == 1 and seqs[0].kv.num_tokens == 0
         lone_run = None if single_prefill or len(seqs) > 1 else _lone_run(seqs[0].kv, pages[0])
-        mask = None
-        if not single_prefill and lone_run is None and rows:
-            num_keys = pages_per_row * size
-            pos = tensor(query_pos).view(len(rows), q_tile, 1)
+        positions_t, slots_t = tensor(positions), tensor(slots)
+        if single_prefill or lone_run is not None or not rows:
+            return cls(
+                pool=pool,
+                positions=positions_t,
+                write_slots=slots_t,
+                num_rows=len(rows),
+                q_tile=q_tile,
+                key_groups=[],
+                kv_table=tensor([]),
+                gather_out=None,
+                query_index=None,
+                output_index=None,
+                single_prefill=single_prefill,
+                lone_run=lone_run,
+            )
+        # a row's keys end at its last query; rows sorted by that, then cut into key groups
+        needed = [-(-(seqs[s].kv.num_tokens + j + n) // size) for s, j, n in rows]
+        order = sorted(range(len(rows)), key=needed.__getitem__)
+        unit = size * num_kv_heads * (8 + q_tile * group)  # _pick_q_tile's weights, per page
+        cuts = _key_group_cuts([needed[r] for r in order], unit)
+        heads = torch.arange(2 * num_kv_heads, device=device)[:, None] * num_pages
+        tables: list[Tensor] = []
+        key_groups: list[KeyGroup] = []
+        query_index: list[int] = []
+        query_pos: list[int] = []
+        slot_of = [0] * len(positions)
+        offset = 0
+        for lo, hi in itertools.pairwise(cuts):
+            group_pages = needed[order[hi - 1]]
+            table_flat: list[int] = []
+            first_pos = len(query_pos)
+            for r in order[lo:hi]:
+                s, j, n = rows[r]
+                own = seqs[s].kv.page_ids[: min(pages[s], group_pages)]
+                table_flat.extend(own)
+                table_flat.extend([0] * (group_pages - len(own)))  # the zero page
+                first, past = seqs[s].start + j, seqs[s].kv.num_tokens + j
+                slot = len(query_index)
+                slot_of[first : first + n] = range(slot, slot + n)
+                query_index.extend(range(first, first + n))
+                query_index.extend([first] * (q_tile - n))  # padding: a real token, dropped
+                query_pos.extend(range(past, past + n))
+                query_pos.extend([0] * (q_tile - n))  # position 0 sees key 0 only: no empty row
+            num_keys = group_pages * size
+            pos = tensor(query_pos[first_pos:]).view(hi - lo, q_tile, 1)
             allowed = torch.arange(num_keys, device=device) <= pos  # [rows, q_tile, keys]
             if q_tile == 1:
                 mask = allowed[:, None]  # [rows, 1, 1, keys]: broadcast over a group's heads
             else:
                 expanded = allowed[:, None, :, None].expand(-1, 1, -1, group, -1)
-                mask = expanded.reshape(len(rows), 1, q_tile * group, num_keys)
-        kv_table = gather_out = None
-        if not single_prefill and lone_run is None:
-            rows_pages = tensor(table_flat)
-            heads = torch.arange(2 * num_kv_heads, device=device)[:, None] * num_pages
-            kv_table = (heads + rows_pages).view(-1)
-            scratch = seqs[0].kv.scratch
-            numel = kv_table.numel() * size * head_dim
-            flat = pool.new_empty(numel) if scratch is None else scratch.take(numel)
-            gather_out = flat.view(kv_table.numel(), size * head_dim)
-        output_index = None
-        if q_tile > 1:
-            slot_of = [0] * len(positions)
-            for r, (s, j, n) in enumerate(rows):
-                first = seqs[s].start + j
-                slot_of[first : first + n] = range(r * q_tile, r * q_tile + n)
-            output_index = tensor(slot_of)
+                mask = expanded.reshape(hi - lo, 1, q_tile * group, num_keys)
+            block = (heads + tensor(table_flat)).view(-1)
+            key_groups.append(KeyGroup(lo, hi - lo, num_keys, offset, mask))
+            tables.append(block)
+            offset += block.numel()
+        kv_table = torch.cat(tables) if len(tables) > 1 else tables[0]
+        scratch = seqs[0].kv.scratch
+        numel = kv_table.numel() * size * head_dim
+        flat = pool.new_empty(numel) if scratch is None else scratch.take(numel)
+        # decodes in their own order in one group: row r is token r, nothing to reorder
+        identity = q_tile == 1 and order == list(range(len(rows)))
         return cls(
             pool=pool,
-            positions=tensor(positions),
-            write_slots=tensor(slots),
+            positions=positions_t,
+            write_slots=slots_t,
             num_rows=len(rows),
             q_tile=q_tile,
-            num_keys=pages_per_row * size,
-            kv_table=kv_table if kv_table is not None else tensor([]),
-            gather_out=gather_out,
-            query_index=tensor(query_index) if q_tile > 1 else None,
-            output_index=output_index,
-            mask=mask,
+            key_groups=key_groups,
+            kv_table=kv_table,
+            gather_out=flat.view(kv_table.numel(), size * head_dim),
+            query_index=None if identity else tensor(query_index),
+            output_index=None if identity else tensor(slot_of),
             single_prefill=single_prefill,
             lone_run=lone_run,
         )
+
+    @property
+    def num_keys(self) -> int:
+        """Key positions of the longest group's rows (0 when nothing is gathered)."""
+        return max((g.num_keys for g in self.key_groups), default=0)
+
+
+def _key_group_cuts(sorted_pages: Sequence[int], unit: int) -> list[int]:
+    """Boundaries [0, ..., n] cutting rows sorted by pages into at most MAX_KEY_GROUPS groups,
+    each padded to its own longest row instead of all to the longest of the step. A group
+    costs its rows x its pages x `unit` (the gathered keys and values and the scores over them)
+    plus KEY_GROUP_CALL_COST for its attention call; the cuts minimise the sum (exactly, by
+    dynamic programming over at most MAX_CUT_CANDIDATES places where the page count changes)."""
+    n = len(sorted_pages)
+    places = [i for i in range(1, n) if sorted_pages[i] != sorted_pages[i - 1]]
+    if len(places) > MAX_CUT_CANDIDATES:  # spread evenly over the changes
+        step = len(places) / MAX_CUT_CANDIDATES
+        places = [places[int(k * step)] for k in range(MAX_CUT_CANDIDATES)]
+    ends = [*places, n]  # group ends; a group [a, b) pads to sorted_pages[b - 1]
+
+    def cost(a: int, b: int) -> int:
+        return (b - a) * sorted_pages[b - 1] * unit + KEY_GROUP_CALL_COST
+
+    # best[k][e]: least cost of rows [0, ends[e]) in k + 1 groups; back[k][e]: start index
+    best = [[cost(0, end) for end in ends]]
+    back = [[0] * len(ends)]
+    for _ in range(1, MAX_KEY_GROUPS):
+        prev, row, links = best[-1], [], []
+        for e, end in enumerate(ends):
+            choice, link = prev[e], -1  # as many groups as before: no new cut
+            for c in range(e):  # the last group starts after ends[c]
+                total = prev[c] + cost(ends[c], end)
+                if total < choice:
+                    choice, link = total, c
+            row.append(choice)
+            links.append(link)
+        best.append(row)
+        back.append(links)
+    cuts = [n]
+    k, e = len(best) - 1, len(ends) - 1
+    while k > 0:
+        c = back[k][e]
+        if c >= 0:
+            cuts.append(ends[c])
+            e = c
+        k -= 1
+    return [0, *reversed(cuts)]
 
 
 def _lone_run(kv: SequenceKV, num_pages: int) -> tuple[int, int, int] | None:
@@ -222,21 +311,26 @@ def attend(plan: BatchPlan, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tens
             q.transpose(0, 1), run_k[:, :total], run_v[:, :total], causal_offset=past
         )
         return out.transpose(0, 1)
-    rows, tile, keys = plan.num_rows, plan.q_tile, plan.num_keys
+    rows, tile = plan.num_rows, plan.q_tile
     group = num_heads // num_kv_heads
     pages = pool.view(2 * num_kv_heads * num_pages, size * head_dim)
-    assert plan.gather_out is not None and plan.mask is not None
-    torch.index_select(pages, 0, plan.kv_table, out=plan.gather_out)
-    kv = plan.gather_out.view(2, num_kv_heads, rows, keys, head_dim).transpose(1, 2)
-    if tile == 1:  # row r is token r
+    assert plan.gather_out is not None and plan.key_groups
+    torch.index_select(pages, 0, plan.kv_table, out=plan.gather_out)  # every group's block
+    if plan.query_index is None:  # row r is token r
         queries = q.reshape(rows, num_kv_heads, group, head_dim)
     else:
-        assert plan.query_index is not None
         padded = q.index_select(0, plan.query_index)  # [rows * tile, Hq, D]
         padded = padded.view(rows, tile, num_kv_heads, group, head_dim).transpose(1, 2)
         queries = padded.reshape(rows, num_kv_heads, tile * group, head_dim)
-    out = ops.masked_attention(queries, kv[0], kv[1], plan.mask)  # [rows, Hkv, tile * group, D]
-    if tile == 1:
+    outs = []
+    for part in plan.key_groups:
+        block = plan.gather_out[part.table_offset :]
+        block = block[: 2 * num_kv_heads * part.num_rows * (part.num_keys // size)]
+        kv = block.view(2, num_kv_heads, part.num_rows, part.num_keys, head_dim).transpose(1, 2)
+        mine = queries[part.first_row : part.first_row + part.num_rows]
+        outs.append(ops.masked_attention(mine, kv[0], kv[1], part.mask))
+    out = outs[0] if len(outs) == 1 else torch.cat(outs)  # [rows, Hkv, tile * group, D]
+    if plan.query_index is None:
         return out.reshape(num_tokens, num_heads, head_dim)
     out = out.view(rows, num_kv_heads, tile, group, head_dim).transpose(1, 2)
     out = out.reshape(rows * tile, num_heads, head_dim)

@@ -19,6 +19,7 @@ the demand (`DemandSignal`) makes the controller hold
 It also grows past the band ("queue") when the limit binds and the head of the queue has waited
 longer than `max_queue_wait_s` (0: off): on the balanced band 32 closed-loop streams on a 2-core
 CPU waited 12.5-13.7 s for a first token while the batch was held at the knee for short steps.
+Such a grow makes room for every request then waiting (at least +step_up, at most max_batch).
 `set_batch_policy(min_util, max_util, step_size)` sets the band and BOTH step sizes to
 `step_size` (the DESIGN.md call passes a single step); it is applied at the next evaluation,
 never between two.
@@ -257,15 +258,19 @@ class AdaptiveBatchController:
             if utilization is not None and demand is not None and not demand.limit_binds:
                 action = "idle"
             elif (
-                action in ("hold", "shrink", "bound")
+                action in ("grow", "hold", "shrink", "bound")
                 and demand is not None
                 and config.max_queue_wait_s > 0
                 and (demand.queue_wait_s or 0.0) > config.max_queue_wait_s
             ):
                 # requests wait longer than the policy allows for a place the engine could give:
-                # a first token matters more than the band's shorter steps
-                grown = min(config.max_batch, _grown(old, config))
-                action = "queue" if grown != old else "bound"
+                # a first token matters more than the band's shorter steps. Room for all that
+                # wait at once: a burst (32 requests on a limit of 16) would otherwise wait on
+                # +20% a second, and in bench.serving spent its first seconds at half the batch
+                grown = max(new, _grown(old, config), old + (demand.num_waiting or 0))
+                grown = min(config.max_batch, grown)
+                if action != "grow" or grown != new:  # a plain grow is still the band's
+                    action = "queue" if grown != old else "bound"
                 self.limit = grown
             elif action == "shrink" and demand is not None and (demand.num_seqs or 0) > old:
                 action = "draining"

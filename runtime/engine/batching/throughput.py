@@ -80,6 +80,7 @@ class ThroughputUtilization:
         self._num_observed = 0
         self._last: tuple[int, ThroughputReading] | None = None  # for demand() right after read()
         self._queue_wait_s = 0.0  # the latest step's (0 when the limit did not bind)
+        self._num_waiting = 0  # the latest step's
 
     def observe(self, step: StepStats) -> None:
         """Called by the engine after every step (its thread, outside the forward)."""
@@ -91,6 +92,7 @@ class ThroughputUtilization:
         with self._lock:
             self._num_observed += 1
             self._queue_wait_s = step.queue_wait_s
+            self._num_waiting = step.num_waiting
             more = step.num_running + step.num_waiting > 0
             seen = _Observed(
                 now, step.limit_binds, step.num_seqs, cost.features, step.busy_seconds, more
@@ -151,4 +153,9 @@ class ThroughputUtilization:
             fresh = last is not None and last[0] == self._num_observed
         reading = last[1] if fresh and last is not None else self.reading()
         binds = reading.num_steps > 0 and reading.binding_fraction >= self.binding_share
-        return Demand(limit_binds=binds, num_seqs=reading.num_seqs, queue_wait_s=self._queue_wait_s)
+        return Demand(
+            limit_binds=binds,
+            num_seqs=reading.num_seqs,
+            queue_wait_s=self._queue_wait_s,
+            num_waiting=self._num_waiting,
+        )

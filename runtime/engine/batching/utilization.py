@@ -33,6 +33,8 @@ class Demand:
     num_seqs: int | None  # sequences in the latest step (None: no step in the window)
     # how long the head of the queue had waited at the latest binding step (None: not known)
     queue_wait_s: float | None = None
+    # requests left waiting after the latest step (None: not known)
+    num_waiting: int | None = None
 
 
 @runtime_checkable

@@ -320,9 +320,13 @@ def test_fake_source_is_a_utilization_source() -> None:
 
 class FixedDemand:
     def __init__(
-        self, limit_binds: bool, num_seqs: int | None, queue_wait_s: float | None = None
+        self,
+        limit_binds: bool,
+        num_seqs: int | None,
+        queue_wait_s: float | None = None,
+        num_waiting: int | None = None,
     ) -> None:
-        self.value = Demand(limit_binds, num_seqs, queue_wait_s)
+        self.value = Demand(limit_binds, num_seqs, queue_wait_s, num_waiting)
 
     def demand(self) -> Demand:
         return self.value
@@ -363,6 +367,34 @@ def test_a_long_queue_wait_grows_the_limit_past_the_band() -> None:
     demand.value = Demand(limit_binds=True, num_seqs=12, queue_wait_s=0.2)
     assert ctl.update(5.0) == 11 and ctl.stats().recent[-1].action == "shrink"  # short waits
     assert ctl.stats().num_queue_grows == 2
+
+
+def test_a_queue_grow_makes_room_for_every_request_waiting() -> None:
+    """A burst: 32 requests on a limit of 16. One queue grow admits the 16 left waiting instead
+    of +20% a second; never past max_batch; a short queue still grows by step_up at least."""
+    source = FakeUtilization(0.9)
+    demand = FixedDemand(limit_binds=True, num_seqs=16, queue_wait_s=1.5, num_waiting=16)
+    config = BatchPolicyConfig(initial=16, max_batch=64, max_util=0.95, max_queue_wait_s=1.0)
+    ctl = AdaptiveBatchController(config, source, demand=demand)
+    assert ctl.update(0.0) == 32 and ctl.stats().recent[-1].action == "queue"
+    demand.value = Demand(limit_binds=True, num_seqs=32, queue_wait_s=1.5, num_waiting=1)
+    assert ctl.update(1.0) == 38  # one waiting: +20% all the same
+    demand.value = Demand(limit_binds=True, num_seqs=38, queue_wait_s=1.5, num_waiting=500)
+    assert ctl.update(2.0) == 64  # an overload: at the cap
+    assert ctl.stats().num_queue_grows == 3
+    # below the band the law grows +20% too: the queue's room wins when it is more
+    low = AdaptiveBatchController(
+        config,
+        FakeUtilization(0.3),
+        demand=FixedDemand(limit_binds=True, num_seqs=16, queue_wait_s=1.5, num_waiting=16),
+    )
+    assert low.update(0.0) == 32 and low.stats().recent[-1].action == "queue"
+    low_short = AdaptiveBatchController(
+        config,
+        FakeUtilization(0.3),
+        demand=FixedDemand(limit_binds=True, num_seqs=16, queue_wait_s=0.5, num_waiting=16),
+    )
+    assert low_short.update(0.0) == 19 and low_short.stats().recent[-1].action == "grow"
 
 
 def test_the_queue_term_is_off_at_zero_and_off_without_a_wait() -> None:

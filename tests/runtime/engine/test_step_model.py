@@ -211,8 +211,10 @@ def test_signal_is_busy_fraction_times_saturation_share() -> None:
     assert source.demand().limit_binds and source.demand().num_seqs == 16
     assert source.demand().queue_wait_s == 0.0  # the steps reported no wait
     clock.t += 0.05
-    source.observe(dataclasses.replace(step(16, 0.026, binds=True), queue_wait_s=2.5))
+    waiting = dataclasses.replace(step(16, 0.026, binds=True), queue_wait_s=2.5, num_waiting=7)
+    source.observe(waiting)
     assert source.demand().queue_wait_s == 2.5  # the latest step's: the controller's queue term
+    assert source.demand().num_waiting == 7  # ... and how many wait: room for them at once
 
 
 def test_warmup_plan_spans_the_batch_range() -> None:

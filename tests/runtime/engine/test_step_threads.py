@@ -48,6 +48,11 @@ def test_each_size_class_keeps_the_faster_count() -> None:
         policy.observe(7, threads, {1: 0.050, 2: 0.040}[threads])
     assert policy.choice == {1: 1, 8: 2}
     assert policy.pick(6) == 2 == torch.get_num_threads()
+    # a bigger class follows class 8 at once: no step of 1024 tokens runs on one thread
+    assert policy.pick(1000) == 2 and policy.choice[1024] == 2
+    assert not any(key[0] == 1024 for key in policy._seconds)
+    # a class between two is measured when only the smaller one kept one thread
+    assert policy.pick(2) == 1 and 2 not in policy.choice
 
 
 @pytest.mark.usefixtures("two_threads")
@@ -98,3 +103,20 @@ def test_the_engine_loop_runs_small_steps_on_the_count_it_measured(
     # a second engine on the same weights starts from what the first measured
     generate(loaded, [[5, 6, 7]], params, num_threads=2)
     assert loaded.step_threads[2] is policy
+
+
+@pytest.mark.usefixtures("two_threads")
+def test_a_shift_in_the_steps_mid_measurement_does_not_pick_the_slower_count() -> None:
+    """Two threads are 0.7x one thread's time throughout, but from the sixth step on every step
+    costs twice as much (the warm-up's short contexts, then real ones): one pair straddles the
+    shift; separate medians would compare one thread's early steps with two threads' late ones
+    and keep one thread."""
+    policy = StepThreads(2, trials=3)
+    picked = []
+    for step in range(8):
+        threads = policy.pick(20)
+        picked.append(threads)
+        base = 0.020 if step < 5 else 0.040
+        policy.observe(20, threads, base * (1.0 if threads == 1 else 0.7))
+    assert picked == [1, 2] * 4
+    assert policy.choice == {32: 2}
