@@ -91,11 +91,7 @@ class BatchPlan:
         if not seqs:
             raise ValueError("a forward needs at least one sequence")
         pool, size = seqs[0].kv.data, seqs[0].kv.page_size
-        num_kv_heads, num_pages, head_dim = (
-            int(pool.shape[2]),
-            int(pool.shape[3]),
-            int(pool.shape[5]),
-        )
+        num_kv_heads, head_dim = int(pool.shape[2]), int(pool.shape[5])
         positions: list[int] = []
         slots: list[int] = []
         for seq in seqs:
@@ -135,79 +131,24 @@ class BatchPlan:
         ]
         single_prefill = len(seqs) == 1 and seqs[0].kv.num_tokens == 0
         lone_run = None if single_prefill or len(seqs) > 1 else _lone_run(seqs[0].kv, pages[0])
-        positions_t, slots_t = tensor(positions), tensor(slots)
-        if single_prefill or lone_run is not None or not rows:
-            return cls(
-                pool=pool,
-                positions=positions_t,
-                write_slots=slots_t,
-                num_rows=len(rows),
-                q_tile=q_tile,
-                key_groups=[],
-                kv_table=tensor([]),
-                gather_out=None,
-                query_index=None,
-                output_index=None,
-                single_prefill=single_prefill,
-                lone_run=lone_run,
-            )
-        # a row's keys end at its last query; rows sorted by that, then cut into key groups
-        needed = [-(-(seqs[s].kv.num_tokens + j + n) // size) for s, j, n in rows]
-        order = sorted(range(len(rows)), key=needed.__getitem__)
-        unit = size * num_kv_heads * (8 + q_tile * group)  # _pick_q_tile's weights, per page
-        cuts = _key_group_cuts([needed[r] for r in order], unit)
-        heads = torch.arange(2 * num_kv_heads, device=device)[:, None] * num_pages
-        tables: list[Tensor] = []
         key_groups: list[KeyGroup] = []
-        query_index: list[int] = []
-        query_pos: list[int] = []
-        slot_of = [0] * len(positions)
-        offset = 0
-        for lo, hi in itertools.pairwise(cuts):
-            group_pages = needed[order[hi - 1]]
-            table_flat: list[int] = []
-            first_pos = len(query_pos)
-            for r in order[lo:hi]:
-                s, j, n = rows[r]
-                own = seqs[s].kv.page_ids[: min(pages[s], group_pages)]
-                table_flat.extend(own)
-                table_flat.extend([0] * (group_pages - len(own)))  # the zero page
-                first, past = seqs[s].start + j, seqs[s].kv.num_tokens + j
-                slot = len(query_index)
-                slot_of[first : first + n] = range(slot, slot + n)
-                query_index.extend(range(first, first + n))
-                query_index.extend([first] * (q_tile - n))  # padding: a real token, dropped
-                query_pos.extend(range(past, past + n))
-                query_pos.extend([0] * (q_tile - n))  # position 0 sees key 0 only: no empty row
-            num_keys = group_pages * size
-            pos = tensor(query_pos[first_pos:]).view(hi - lo, q_tile, 1)
-            allowed = torch.arange(num_keys, device=device) <= pos  # [rows, q_tile, keys]
-            if q_tile == 1:
-                mask = allowed[:, None]  # [rows, 1, 1, keys]: broadcast over a group's heads
-            else:
-                expanded = allowed[:, None, :, None].expand(-1, 1, -1, group, -1)
-                mask = expanded.reshape(hi - lo, 1, q_tile * group, num_keys)
-            block = (heads + tensor(table_flat)).view(-1)
-            key_groups.append(KeyGroup(lo, hi - lo, num_keys, offset, mask))
-            tables.append(block)
-            offset += block.numel()
-        kv_table = torch.cat(tables) if len(tables) > 1 else tables[0]
-        scratch = seqs[0].kv.scratch
-        numel = kv_table.numel() * size * head_dim
-        flat = pool.new_empty(numel) if scratch is None else scratch.take(numel)
-        # decodes in their own order in one group: row r is token r, nothing to reorder
-        identity = q_tile == 1 and order == list(range(len(rows)))
+        kv_table, gather_out = tensor([]), None
+        query_index = output_index = None
+        if not (single_prefill or lone_run is not None or not rows):
+            key_groups, kv_table, gather_out, query_index, output_index = _grouped(
+                seqs, rows, pages, q_tile, group, len(positions)
+            )
         return cls(
             pool=pool,
-            positions=positions_t,
-            write_slots=slots_t,
+            positions=tensor(positions),
+            write_slots=tensor(slots),
             num_rows=len(rows),
             q_tile=q_tile,
             key_groups=key_groups,
             kv_table=kv_table,
-            gather_out=flat.view(kv_table.numel(), size * head_dim),
-            query_index=None if identity else tensor(query_index),
-            output_index=None if identity else tensor(slot_of),
+            gather_out=gather_out,
+            query_index=query_index,
+            output_index=output_index,
             single_prefill=single_prefill,
             lone_run=lone_run,
         )
@@ -258,6 +199,74 @@ def _key_group_cuts(sorted_pages: Sequence[int], unit: int) -> list[int]:
             e = c
         k -= 1
     return [0, *reversed(cuts)]
+
+
+def _grouped(
+    seqs: Sequence[SeqSlice],
+    rows: list[tuple[int, int, int]],
+    pages: list[int],
+    q_tile: int,
+    group: int,
+    num_tokens: int,
+) -> tuple[list[KeyGroup], Tensor, Tensor, Tensor | None, Tensor | None]:
+    """The key groups of `rows` ((sequence, first new token, tokens) each), their page table
+    and gather buffer, and the query order (None, None when row r is token r)."""
+    pool, size = seqs[0].kv.data, seqs[0].kv.page_size
+    num_kv_heads, num_pages, head_dim = int(pool.shape[2]), int(pool.shape[3]), int(pool.shape[5])
+    device = pool.device
+
+    def tensor(values: list[int]) -> Tensor:
+        return torch.tensor(values, dtype=torch.long, device=device)
+
+    # a row's keys end at its last query; rows sorted by that, then cut into key groups
+    needed = [-(-(seqs[s].kv.num_tokens + j + n) // size) for s, j, n in rows]
+    order = sorted(range(len(rows)), key=needed.__getitem__)
+    unit = size * num_kv_heads * (8 + q_tile * group)  # _pick_q_tile's weights, per page
+    cuts = _key_group_cuts([needed[r] for r in order], unit)
+    heads = torch.arange(2 * num_kv_heads, device=device)[:, None] * num_pages
+    tables: list[Tensor] = []
+    key_groups: list[KeyGroup] = []
+    order_index: list[int] = []
+    query_pos: list[int] = []
+    slot_of = [0] * num_tokens
+    offset = 0
+    for lo, hi in itertools.pairwise(cuts):
+        group_pages = needed[order[hi - 1]]
+        table_flat: list[int] = []
+        first_pos = len(query_pos)
+        for r in order[lo:hi]:
+            s, j, n = rows[r]
+            own = seqs[s].kv.page_ids[: min(pages[s], group_pages)]
+            table_flat.extend(own)
+            table_flat.extend([0] * (group_pages - len(own)))  # the zero page
+            first, past = seqs[s].start + j, seqs[s].kv.num_tokens + j
+            slot = len(order_index)
+            slot_of[first : first + n] = range(slot, slot + n)
+            order_index.extend(range(first, first + n))
+            order_index.extend([first] * (q_tile - n))  # padding: a real token, dropped
+            query_pos.extend(range(past, past + n))
+            query_pos.extend([0] * (q_tile - n))  # position 0 sees key 0 only: no empty row
+        num_keys = group_pages * size
+        pos = tensor(query_pos[first_pos:]).view(hi - lo, q_tile, 1)
+        allowed = torch.arange(num_keys, device=device) <= pos  # [rows, q_tile, keys]
+        if q_tile == 1:
+            mask = allowed[:, None]  # [rows, 1, 1, keys]: broadcast over a group's heads
+        else:
+            expanded = allowed[:, None, :, None].expand(-1, 1, -1, group, -1)
+            mask = expanded.reshape(hi - lo, 1, q_tile * group, num_keys)
+        block = (heads + tensor(table_flat)).view(-1)
+        key_groups.append(KeyGroup(lo, hi - lo, num_keys, offset, mask))
+        tables.append(block)
+        offset += block.numel()
+    kv_table = torch.cat(tables) if len(tables) > 1 else tables[0]
+    scratch = seqs[0].kv.scratch
+    numel = kv_table.numel() * size * head_dim
+    flat = pool.new_empty(numel) if scratch is None else scratch.take(numel)
+    gather_out = flat.view(kv_table.numel(), size * head_dim)
+    # decodes in their own order in one group: row r is token r, nothing to reorder
+    if q_tile == 1 and order == list(range(len(rows))):
+        return key_groups, kv_table, gather_out, None, None
+    return key_groups, kv_table, gather_out, tensor(order_index), tensor(slot_of)
 
 
 def _lone_run(kv: SequenceKV, num_pages: int) -> tuple[int, int, int] | None:
