@@ -116,11 +116,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"building the small llama under {path}", file=sys.stderr)
         make_demo_model(path, arch="llama", size="small", seed=0, progress=True)
 
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     streams = 32
     rounds = 1 if args.quick else args.rounds
     # each round its own prompts: the same ones again would hit the engine's prefix cache
     works = [make_workload(streams, quick=args.quick, seed=r) for r in range(rounds)]
-    work = works[0]
     sink = StepSink()
     # the throughput band: the adaptive controller with max_util 0.95 (docs/batching.md)
     config = EngineConfig(
@@ -173,6 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     ratios = [e / st["tokens_per_s"] for e, st in zip(engine_rates, statics, strict=True)]
     middle = sorted(range(rounds), key=ratios.__getitem__)[rounds // 2]  # the median round
     engine_tps, static = engine_rates[middle], statics[middle]
+    work = works[middle]  # the Poisson rate and the simulated static TTFT use its timings
     print(f"engine: {engine_tps:.1f} tok/s over {len(steps)} steps", file=sys.stderr)
     quantized_tps = None
     if args.quantization:
