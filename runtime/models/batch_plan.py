@@ -153,11 +153,6 @@ class BatchPlan:
             lone_run=lone_run,
         )
 
-    @property
-    def num_keys(self) -> int:
-        """Key positions of the longest group's rows (0 when nothing is gathered)."""
-        return max((g.num_keys for g in self.key_groups), default=0)
-
 
 def _key_group_cuts(sorted_pages: Sequence[int], unit: int) -> list[int]:
     """Boundaries [0, ..., n] cutting rows sorted by pages into at most MAX_KEY_GROUPS groups,
@@ -223,6 +218,8 @@ def _grouped(
     order = sorted(range(len(rows)), key=needed.__getitem__)
     unit = size * num_kv_heads * (8 + q_tile * group)  # _pick_q_tile's weights, per page
     cuts = _key_group_cuts([needed[r] for r in order], unit)
+    if len(cuts) == 2:  # one group pads every row alike: keep the rows' order, nothing to permute
+        order = list(range(len(rows)))
     heads = torch.arange(2 * num_kv_heads, device=device)[:, None] * num_pages
     tables: list[Tensor] = []
     key_groups: list[KeyGroup] = []
@@ -231,7 +228,7 @@ def _grouped(
     slot_of = [0] * num_tokens
     offset = 0
     for lo, hi in itertools.pairwise(cuts):
-        group_pages = needed[order[hi - 1]]
+        group_pages = max(needed[r] for r in order[lo:hi])
         table_flat: list[int] = []
         first_pos = len(query_pos)
         for r in order[lo:hi]:
@@ -263,7 +260,7 @@ def _grouped(
     numel = kv_table.numel() * size * head_dim
     flat = pool.new_empty(numel) if scratch is None else scratch.take(numel)
     gather_out = flat.view(kv_table.numel(), size * head_dim)
-    # decodes in their own order in one group: row r is token r, nothing to reorder
+    # decodes in their own order: row r is token r, nothing to reorder
     if q_tile == 1 and order == list(range(len(rows))):
         return key_groups, kv_table, gather_out, None, None
     return key_groups, kv_table, gather_out, tensor(order_index), tensor(slot_of)

@@ -118,6 +118,8 @@ def test_one_call_matches_each_sequence_alone(shape: list[tuple[int, int]]) -> N
     plan = BatchPlan.build(slices, torch.zeros(start, dtype=torch.long), HQ // HKV)
     if len(shape) > 12:  # the spread cases: rows in several groups, out of their order
         assert len(plan.key_groups) > 1 and plan.query_index is not None
+    if len(plan.key_groups) == 1 and plan.q_tile == 1:  # one group keeps the rows' order
+        assert plan.query_index is None and plan.output_index is None
     got = attend(plan, 0, q, k, v)  # [T, Hq, D]
     for sl, old in zip(slices, pasts, strict=True):
         n = sl.end - sl.start
@@ -145,7 +147,8 @@ def test_a_long_context_beside_short_ones_keeps_the_gather_bounded() -> None:
         slices.append(SeqSlice(start, start + n, kv))
         start += n
     plan = BatchPlan.build(slices, torch.zeros(start, dtype=torch.long), HQ // HKV)
-    row_bytes = plan.num_keys * 2 * HKV * D * 4
+    longest = max(g.num_keys for g in plan.key_groups)
+    row_bytes = longest * 2 * HKV * D * 4
     assert plan.num_rows * row_bytes <= max(31 * row_bytes, GATHER_BUDGET_BYTES)
     # the short rows are not padded to the long one's table: they form a group of their own
     gathered = sum(g.num_rows * g.num_keys * 2 * HKV * D * 4 for g in plan.key_groups)
