@@ -28,9 +28,11 @@ RUN if ! command -v python3 >/dev/null 2>&1 || ! python3 -c "import venv, ensure
     python3 -m venv "$VIRTUAL_ENV"
 
 # jemalloc: `fastllm serve` re-executes itself with it preloaded (runtime/memory/host_malloc.py),
-# so the server's RSS follows what it holds instead of glibc's heap high-water mark (docs/soak.md)
+# so the server's RSS follows what it holds instead of glibc's heap high-water mark (docs/soak.md).
+# g++: the AVX2 int4/int8 kernels (runtime/models/cpu_kernels) are compiled on the machine that runs
+# them, once, into TORCH_EXTENSIONS_DIR (without it torch's slower kernels run)
 RUN apt-get update && \
-    apt-get install -y --no-install-recommends libjemalloc2 && \
+    apt-get install -y --no-install-recommends libjemalloc2 g++ && \
     rm -rf /var/lib/apt/lists/*
 
 # torch first, from the wheel index of the chosen build (CPU: no multi-GB CUDA wheel pulled in)
@@ -60,7 +62,8 @@ ENV FASTLLM_HOST=0.0.0.0 \
     FASTLLM_MODEL_PATH=/models/default \
     FASTLLM_DATABASE_URL=sqlite:////var/lib/fastllm/fastllm.db \
     FASTLLM_LOG_SPOOL_PATH=/var/lib/fastllm/inference_log.spool.jsonl \
-    FASTLLM_MALLOC=jemalloc
+    FASTLLM_MALLOC=jemalloc \
+    TORCH_EXTENSIONS_DIR=/var/lib/fastllm/torch_extensions
 
 EXPOSE 8000
 

@@ -16,6 +16,9 @@ $(BIN)/fastllm: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q $(TORCH_PIN)
 	$(BIN)/pip install -q -e .
+	@# the AVX2 int4/int8 kernels built now, not at the first model load (a failure only
+	@# means torch's kernels run: runtime/models/cpu_kernels)
+	-$(BIN)/python -m runtime.models.cpu_kernels
 	touch $@
 
 setup: $(BIN)/fastllm

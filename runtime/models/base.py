@@ -80,13 +80,17 @@ class CausalLM(nn.Module):
         self._rope: RopeTable | None = None
         # the most positions a sequence can reach (the engines' KV pools); None: the context
         self._rope_positions: int | None = None
+        # lone one-token steps attend in one call of runtime.models.cpu_kernels (set at load:
+        # runtime.models.loader; batch_plan's `fused_decode`)
+        self.fused_decode = False
 
     @torch.no_grad()
     def forward(self, input_ids: Tensor, seqs: Sequence[SeqSlice]) -> Tensor:
         """input_ids [T] packed -> hidden [T, hidden] (final norm applied).
         Writes each layer's K/V at [kv.num_tokens, kv.num_tokens + n) of each sequence's pages (its
         page table must already cover them); does NOT advance."""
-        plan = BatchPlan.build(seqs, input_ids, self.args.num_heads // self.args.num_kv_heads)
+        group = self.args.num_heads // self.args.num_kv_heads
+        plan = BatchPlan.build(seqs, input_ids, group, fused_decode=self.fused_decode)
         cos, sin = self.rope_table().lookup(plan.positions)  # [T, 1, head_dim] each
         x = self.embed(input_ids)
         for layer in self.layers:

@@ -83,11 +83,18 @@ class BatchPlan:
     # one sequence whose pages are consecutive in the pool (first page, pages, tokens before the
     # new ones): it attends to a view of the pool, nothing gathered (batch-1 decode, usually)
     lone_run: tuple[int, int, int] | None = None
+    # a lone run's one-token step on an fp32 CPU pool of a model that asks for it (`build`):
+    # its K/V write and attention are one call (cpu_kernels.decode_attend)
+    fused_decode: bool = False
 
     @classmethod
-    def build(cls, seqs: Sequence[SeqSlice], input_ids: Tensor, group: int) -> BatchPlan:
+    def build(
+        cls, seqs: Sequence[SeqSlice], input_ids: Tensor, group: int, *, fused_decode: bool = False
+    ) -> BatchPlan:
         """`group` = query heads per kv head: the mask repeats per head of a group (the model
-        folds a group's heads into query rows) and the tile cost model weighs queries by it."""
+        folds a group's heads into query rows) and the tile cost model weighs queries by it.
+        `fused_decode`: the model's (`CausalLM.fused_decode`): a lone run's one-token step on an
+        fp32 CPU pool then attends in one call (runtime.models.cpu_kernels.decode_attend)."""
         if not seqs:
             raise ValueError("a forward needs at least one sequence")
         pool, size = seqs[0].kv.data, seqs[0].kv.page_size
@@ -151,6 +158,11 @@ class BatchPlan:
             output_index=output_index,
             single_prefill=single_prefill,
             lone_run=lone_run,
+            fused_decode=fused_decode
+            and lone_run is not None
+            and len(positions) == 1
+            and pool.dtype == torch.float32
+            and pool.device.type == "cpu",
         )
 
 
@@ -299,6 +311,10 @@ def attend(plan: BatchPlan, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tens
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     pool = plan.pool[layer]  # [2, kv_heads, num_pages, page_size, head_dim]
+    if plan.fused_decode:  # the write and the attention in one call (its op: build's doc)
+        assert plan.lone_run is not None
+        first, _, past = plan.lone_run
+        return torch.ops.fastllm_cpu.decode_attend(q, k, v, pool, first, past)
     num_pages, size = pool.shape[2], pool.shape[3]
     slots = pool.view(2, num_kv_heads, num_pages * size, head_dim)
     slots[0].index_copy_(1, plan.write_slots, k.transpose(0, 1))

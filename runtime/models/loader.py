@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from runtime.errors import ConfigError, ModelLoadError
-from runtime.models import quant_checkpoint
+from runtime.models import cpu_kernels, quant_checkpoint
 from runtime.models.base import CausalLM
 from runtime.models.bert import BertEncoder
 from runtime.models.bounds import check_layers
@@ -70,6 +70,14 @@ class LoadedModel:
     step_threads: dict[int | tuple[int, str], Any] = field(default_factory=dict, repr=False)
     # tensor parallelism: rank 0's runtime.engine.tp.TPWorld (its workers); None: one process
     parallel: Any = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        # decided once per loaded model: its lone one-token steps attend in one call of our own
+        # (runtime.models.cpu_kernels.decode_attend) on an fp32 CPU model where they run
+        if isinstance(self.model, CausalLM):
+            self.model.fused_decode = (
+                self.device.type == "cpu" and self.dtype == torch.float32 and cpu_kernels.enabled()
+            )
 
     @property
     def is_causal_lm(self) -> bool:

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from runtime.errors import ConfigError, ModelLoadError
+from runtime.models import cpu_kernels
 
 __all__ = [
     "INT4_GROUP_SIZES",
@@ -67,6 +68,9 @@ class QuantizedLinear(nn.Module):
         super().__init__()
         self.register_buffer("dense", None, persistent=False)
         self.dense_min_rows = 0
+        # the weights as runtime.models.cpu_kernels's AVX2 kernels read them, for calls of at most
+        # cpu_kernels.MAX_ROWS rows; () where those kernels are not used
+        self.gemv: tuple[Tensor, ...] = ()
 
     def attach_dense(self, dense: Tensor, min_rows: int) -> None:
         if dense.shape != (self.out_features, self.in_features) or min_rows < 1:
@@ -82,14 +86,21 @@ class QuantizedLinear(nn.Module):
         """[rows, in] bf16 -> [rows, out] through the quantized kernel (no bias)."""
         raise NotImplementedError
 
+    def gemv_forward(self, x2: Tensor) -> Tensor:
+        """[rows, in] -> [rows, out] fp32 through runtime.models.cpu_kernels's kernel."""
+        raise NotImplementedError
+
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape
-        x2 = x.reshape(-1, shape[-1]).to(torch.bfloat16)
+        x2 = x.reshape(-1, shape[-1])
         dense = self.dense
-        if dense is not None and x2.shape[0] >= self.dense_min_rows:
-            y = nn.functional.linear(x2, dense)
+        rows = x2.shape[0]
+        if dense is not None and rows >= self.dense_min_rows:
+            y = nn.functional.linear(x2.to(dense.dtype), dense)
+        elif self.gemv and rows <= cpu_kernels.MAX_ROWS:
+            y = self.gemv_forward(x2)
         else:
-            y = self.quantized_forward(x2)
+            y = self.quantized_forward(x2.to(torch.bfloat16))
         y = y.to(x.dtype)
         if self.bias is not None:
             y = y + self.bias
@@ -158,6 +169,8 @@ class Int8Linear(QuantizedLinear):
         self.in_features = codes.shape[1]
         self.out_features = codes.shape[0]
         self.group_size = self.in_features
+        if codes.device.type == "cpu" and cpu_kernels.enabled():
+            self.gemv = cpu_kernels.pack_int8(self.codes, self.scales)  # shares the codes
 
     @classmethod
     def quantize(cls, weight: Tensor, bias: Tensor | None) -> Int8Linear:
@@ -178,6 +191,9 @@ class Int8Linear(QuantizedLinear):
     @property
     def weight_bytes(self) -> int:
         return self.codes.nbytes + self.scales_bf16.nbytes
+
+    def gemv_forward(self, x2: Tensor) -> Tensor:
+        return cpu_kernels.int8_mm(x2, self.gemv)
 
     def quantized_forward(self, x2: Tensor) -> Tensor:
         if self.pad:  # a fresh, aligned copy
@@ -230,6 +246,11 @@ class Int4Linear(QuantizedLinear):
             # keep our own copy of the codes only when torch's layout is not one we can read
             self._own_codes = not torch.equal(_unpack_cpu_int4(packed, out_f, in_f), codes32)
         self.register_buffer("packed", packed, persistent=False)
+        if not self.is_cuda and cpu_kernels.enabled():  # a layout of its own: a second copy
+            exact = _bf16_exact(scales.float()), _bf16_exact(zeros.float())
+            self.gemv = cpu_kernels.pack_int4(codes32, *exact, group_size)
+        # the AVX2 kernels' copy, where there is one, is read back instead of a copy of our own
+        self._own_codes = self._own_codes and not self.gemv
         own = _pack_nibbles(codes32) if self._own_codes else torch.empty(0, dtype=torch.uint8)
         self.register_buffer("own_codes", own, persistent=False)
         sz = torch.stack([_bf16_exact(scales.float()).t(), _bf16_exact(zeros.float()).t()], -1)
@@ -260,6 +281,8 @@ class Int4Linear(QuantizedLinear):
 
     def codes(self) -> Tensor:
         """The 4-bit codes [out, in] as int32."""
+        if self.gemv:
+            return cpu_kernels.unpack_int4(self.gemv[0])
         if self._own_codes:
             return _unpack_nibbles(self.own_codes, self.out_features, self.in_features)
         return _unpack_cpu_int4(self.packed, self.out_features, self.in_features)
@@ -275,7 +298,11 @@ class Int4Linear(QuantizedLinear):
 
     @property
     def weight_bytes(self) -> int:
-        return self.packed.nbytes + self.own_codes.nbytes + self.scales_zeros_bf16.nbytes
+        gemv = sum(t.nbytes for t in self.gemv)  # the AVX2 kernels' own copy, where packed
+        return self.packed.nbytes + self.own_codes.nbytes + self.scales_zeros_bf16.nbytes + gemv
+
+    def gemv_forward(self, x2: Tensor) -> Tensor:
+        return cpu_kernels.int4_mm(x2, self.gemv)
 
     def quantized_forward(self, x2: Tensor) -> Tensor:
         kernel = torch._weight_int4pack_mm if self.is_cuda else torch._weight_int4pack_mm_for_cpu

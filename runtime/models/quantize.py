@@ -139,7 +139,8 @@ def is_quantized(model: nn.Module) -> bool:
     return any(getattr(m, "method", None) in METHODS for m in model.modules())
 
 
-DENSE_KEY = "bfloat16-dense"  # the dense copies of quantized layers (runtime.models.dense_batch)
+# the dense copies of quantized layers, bf16 or fp32 (runtime.models.dense_batch)
+DENSE_KEY = "dense"
 
 
 def weight_bytes_by_format(model: nn.Module) -> dict[str, int]:

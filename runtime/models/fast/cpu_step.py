@@ -109,7 +109,9 @@ class CompiledStep:
         with torch.inference_mode():
             if not input_ids.is_inference():
                 input_ids = input_ids.clone()
-            plan = BatchPlan.build(seqs, input_ids, self.group)  # bad input raises here, as eager
+            fused = self.model.fused_decode
+            # bad input raises here, as eager
+            plan = BatchPlan.build(seqs, input_ids, self.group, fused_decode=fused)
             cos, sin = self.model.rope_table().lookup(plan.positions)
         args = (self.model, input_ids, cos, sin)
         _in_flight.plan = plan

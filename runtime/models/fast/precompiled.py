@@ -102,6 +102,11 @@ def layout_key(module: torch.nn.Module) -> str:
     digest = hashlib.sha256()
     for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
         digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}:{tensor.stride()};".encode())
+    # a quantized layer's copy for the AVX2 kernels (runtime.models.cpu_kernels) is an attribute,
+    # not a buffer: a graph traced with it calls those kernels, one traced without calls torch's
+    for name, layer in module.named_modules():
+        for i, tensor in enumerate(getattr(layer, "gemv", ())):
+            digest.update(f"{name}.gemv{i}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
     return digest.hexdigest()[:12]
 
 

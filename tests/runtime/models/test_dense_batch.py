@@ -75,7 +75,8 @@ def _layers(model: torch.nn.Module) -> list[QuantizedLinear]:
 def test_modes_and_the_byte_bound(demo_model_dir: Callable[[str], Path]) -> None:
     model = _quantized(demo_model_dir)
     layers = _layers(model)
-    copies = sum(m.in_features * m.out_features * 2 for m in layers)
+    dtype = dense_batch.dense_dtype()  # bf16 where the CPU has it natively, else fp32
+    copies = sum(m.in_features * m.out_features * dtype.itemsize for m in layers)
     off = attach_dense_copies(model, "off", max_bytes=1 << 40)
     assert off.num_layers == 0 and off.reason == "off"
     small = attach_dense_copies(model, "auto", max_bytes=copies - 1)
@@ -90,6 +91,7 @@ def test_modes_and_the_byte_bound(demo_model_dir: Callable[[str], Path]) -> None
     on = attach_dense_copies(model, "on", max_bytes=0, min_rows=6)
     assert (on.num_layers, on.bytes, on.min_rows) == (len(layers), copies, 6)
     assert all(m.dense is not None and m.dense_min_rows == 6 for m in layers)
+    assert all(m.dense is not None and m.dense.dtype == dtype for m in layers)
     assert weight_bytes_by_format(model)[DENSE_KEY] == copies
     # a second engine on the same weights keeps the copies it finds
     again = attach_dense_copies(model, "auto", max_bytes=1 << 40, min_rows=9)
@@ -100,6 +102,18 @@ def test_modes_and_the_byte_bound(demo_model_dir: Callable[[str], Path]) -> None
     assert DENSE_KEY not in weight_bytes_by_format(model)
     with pytest.raises(ValueError, match="dense_batch_weights"):
         attach_dense_copies(model, "always", max_bytes=0)
+
+
+@pytest.mark.parametrize(
+    ("bf16", "amx", "expected"),
+    [(True, False, torch.bfloat16), (False, True, torch.bfloat16), (False, False, torch.float32)],
+)
+def test_the_copies_are_bf16_only_where_the_cpu_multiplies_it_natively(
+    monkeypatch: pytest.MonkeyPatch, bf16: bool, amx: bool, expected: torch.dtype
+) -> None:
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    assert dense_batch.dense_dtype() == expected
 
 
 def test_the_crossover_is_measured_once_per_model(

@@ -1,0 +1,92 @@
+// Batch-1 decode attention over one run of pages, in one call (runtime/models/cpu_kernels says why:
+// on a CPU where every torch op costs microseconds, the eager path's ~12 ops a layer cost more
+// than the attention itself at short contexts). The new token's K/V are written into the pool,
+// then each query head attends to its KV head's `past + 1` positions: softmax(q k^T / sqrt(D)) v,
+// in fp32, query heads grouped per KV head as in the model (head h serves h * group ...).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+// q [1, Hq, D]; k, v [1, Hkv, D]; pool [2, Hkv, pages, page_size, D] float32 (one layer's, in
+// place); the sequence's pages are first_page .. in a run, `past` tokens before the new one.
+at::Tensor decode_attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         at::Tensor& pool, int64_t first_page, int64_t past) {
+  TORCH_CHECK(pool.dim() == 5 && pool.size(0) == 2 && pool.scalar_type() == at::kFloat &&
+                  pool.is_contiguous(),
+              "pool: one layer's contiguous float32 [2, kv_heads, pages, page_size, head_dim]");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && q.size(0) == 1 && k.size(0) == 1 &&
+                  v.size(0) == 1,
+              "q, k, v: one token each, [1, heads, head_dim]");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
+                  v.scalar_type() == at::kFloat,
+              "q, k, v: float32");
+  const int64_t Hq = q.size(1), Hkv = k.size(1), D = q.size(2);
+  const int64_t P = pool.size(2), S = pool.size(3);
+  TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0 && v.size(1) == Hkv && pool.size(1) == Hkv &&
+                  k.size(2) == D && v.size(2) == D && pool.size(4) == D,
+              "q, k, v and the pool disagree on heads or head_dim");
+  TORCH_CHECK(first_page >= 0 && past >= 0 && first_page * S + past < P * S,
+              "the new token's slot lies outside the pool");
+  const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+  float* base = pool.data_ptr<float>();
+  auto keys = [&](int64_t h) { return base + (h * P + first_page) * S * D; };
+  auto values = [&](int64_t h) { return base + ((Hkv + h) * P + first_page) * S * D; };
+  for (int64_t h = 0; h < Hkv; ++h) {
+    std::memcpy(keys(h) + past * D, kc.data_ptr<float>() + h * D, D * sizeof(float));
+    std::memcpy(values(h) + past * D, vc.data_ptr<float>() + h * D, D * sizeof(float));
+  }
+  const int64_t total = past + 1, group = Hq / Hkv;
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  at::Tensor out = at::empty({1, Hq, D}, q.options());
+  const float* qp = qc.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  // split the heads across threads only when each gets real work
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(total * D, 1));
+  at::parallel_for(0, Hq, grain, [&](int64_t h0, int64_t h1) {
+    std::vector<float> scores(total);
+    for (int64_t hq = h0; hq < h1; ++hq) {
+      const float* qh = qp + hq * D;
+      const float *kh = keys(hq / group), *vh = values(hq / group);
+      float top = -std::numeric_limits<float>::infinity();
+      for (int64_t t = 0; t < total; ++t) {
+        const float* kt = kh + t * D;
+        float s = 0.f;
+        for (int64_t i = 0; i < D; ++i) s += qh[i] * kt[i];
+        scores[t] = s * scale;
+        top = std::max(top, scores[t]);
+      }
+      float sum = 0.f;
+      for (int64_t t = 0; t < total; ++t) {
+        scores[t] = std::exp(scores[t] - top);
+        sum += scores[t];
+      }
+      float* oh = op + hq * D;
+      std::fill(oh, oh + D, 0.f);
+      const float inv = 1.f / sum;
+      for (int64_t t = 0; t < total; ++t) {
+        const float w = scores[t] * inv;
+        const float* vt = vh + t * D;
+        for (int64_t i = 0; i < D; ++i) oh[i] += w * vt[i];
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(fastllm_cpu, m) {
+  m.def(
+      "decode_attend(Tensor q, Tensor k, Tensor v, Tensor(a!) pool, int first_page, int past) "
+      "-> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(fastllm_cpu, CPU, m) { m.impl("decode_attend", &decode_attend); }

@@ -1,0 +1,221 @@
+"""The AVX2 int4/int8 kernels (runtime.models.cpu_kernels) against the dequantized fp32 reference,
+and the layers' choice of them: one-row calls where enabled, torch's kernels elsewhere."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from runtime.errors import ConfigError
+from runtime.models import cpu_kernels, ops
+from runtime.models.batch_plan import BatchPlan
+from runtime.models.fast import precompiled
+from runtime.models.loader import load_model
+from runtime.models.quant import Int4Linear, Int8Linear
+from runtime.models.quantize import weight_bytes_by_format
+from tests.runtime.models.paged import Pages
+
+# the activations are rounded to int8 in blocks of 32 (llama.cpp's trade, module doc): a layer's
+# output stays within 2% of its largest entry against fp32 on the same dequantized weights
+KERNEL_REL_TOL = 2e-2
+
+
+@pytest.fixture
+def kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernels on (FASTLLM_CPU_KERNELS=on), built; a skip only where they cannot run here."""
+    if not cpu_kernels.cpu_supports():
+        pytest.skip("the CPU has no AVX2")
+    monkeypatch.setenv("FASTLLM_CPU_KERNELS", "on")
+    if not cpu_kernels.enabled():
+        message = f"the AVX2 kernels did not build: {cpu_kernels.build_error()}"
+        if os.environ.get("FASTLLM_REQUIRE_BINARIES") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def _weights(out_f: int, in_f: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(out_f, in_f, generator=g), torch.randn(out_f, generator=g)
+
+
+def _close(got: torch.Tensor, expected: torch.Tensor) -> bool:
+    return bool((got - expected).abs().max() <= KERNEL_REL_TOL * expected.abs().max())
+
+
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize("rows", [1, 3, 6])
+@pytest.mark.parametrize("shape", [(144, 128), (1536, 576), (576, 1536)])
+def test_int4_kernel_matches_the_dequantized_weight(
+    kernels: None, group_size: int, rows: int, shape: tuple[int, int]
+) -> None:
+    """6 rows run the kernel's second chunk of activation rows."""
+    if shape[1] % group_size:
+        group_size = 32  # 576 = 18 x 32: 64 and 128 do not divide it
+    weight, bias = _weights(*shape)
+    layer = Int4Linear.quantize(weight, bias, group_size)
+    assert layer.gemv, "an int4 layer on CPU packs for the kernels when they are on"
+    x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(1))
+    got = cpu_kernels.int4_mm(x, layer.gemv)
+    assert got.dtype == torch.float32 and got.shape == (rows, shape[0])
+    assert _close(got, x @ layer.weight.t())
+    # the codes read back from the kernel's layout are the layer's (its reference weight)
+    assert torch.equal(cpu_kernels.unpack_int4(layer.gemv[0]), layer.codes())
+
+
+def test_int4_kernel_on_codes_made_here(kernels: None) -> None:
+    """Codes, scales and zeros made here, not by the layer (132 rows: 33 tiles of four; 130 do
+    not tile and are refused): w = (q - 8) s + z per group of 32."""
+    g = torch.Generator().manual_seed(5)
+    codes = torch.randint(0, 16, (132, 96), generator=g, dtype=torch.int32)
+    scales = torch.rand(132, 3, generator=g) * 0.1 + 0.01
+    zeros = torch.randn(132, 3, generator=g) * 0.1
+    packed = cpu_kernels.pack_int4(codes, scales, zeros, 32)
+    assert torch.equal(cpu_kernels.unpack_int4(packed[0]), codes)
+    weight = (codes.float().view(132, 3, 32) - 8) * scales[..., None] + zeros[..., None]
+    x = torch.randn(2, 96, generator=g)
+    assert _close(cpu_kernels.int4_mm(x, packed), x @ weight.view(132, 96).t())
+    assert cpu_kernels.pack_int4(codes[:130], scales[:130], zeros[:130], 32) == ()
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("shape", [(49152 // 64, 576), (131, 64)])
+def test_int8_kernel_matches_the_dequantized_weight(
+    kernels: None, rows: int, shape: tuple[int, int]
+) -> None:
+    weight, bias = _weights(*shape)
+    layer = Int8Linear.quantize(weight, bias)
+    assert layer.gemv and layer.gemv[0].data_ptr() == layer.codes.data_ptr()  # shared codes
+    x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(2))
+    assert _close(cpu_kernels.int8_mm(x, layer.gemv), x @ layer.weight.t())
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_one_row_runs_the_kernel_and_more_rows_torchs(kernels: None, method: str) -> None:
+    weight, bias = _weights(192, 576)
+    layer = (
+        Int8Linear.quantize(weight, bias) if method == "int8" else Int4Linear.quantize(weight, bias)
+    )
+    mm = cpu_kernels.int8_mm if method == "int8" else cpu_kernels.int4_mm
+    x = torch.randn(2, 576, generator=torch.Generator().manual_seed(3))
+    one = layer(x[:1])
+    assert torch.equal(one, mm(x[:1], layer.gemv) + bias)  # this kernel, then the bias
+    assert torch.equal(layer(x[:1].view(1, 1, -1)).view(1, -1), one)  # 1 x 1 rows: one row
+    two = layer(x)  # two rows: torch's kernel (bf16 activations)
+    assert torch.equal(two, layer.quantized_forward(x.to(torch.bfloat16)).float() + bias)
+    expected = F.linear(x, layer.weight, bias)
+    assert _close(one, expected[:1]) and _close(two, expected)
+
+
+def test_shapes_the_layout_cannot_hold_stay_on_torchs_kernel(kernels: None) -> None:
+    weight, _ = _weights(64, 48)  # in_features not a multiple of 32
+    assert Int8Linear.quantize(weight, None).gemv == ()
+    codes = torch.zeros(8, 64, dtype=torch.int32)
+    huge = torch.full((8, 2), 1e6)  # beyond float16's range
+    assert cpu_kernels.pack_int4(codes, huge, torch.zeros(8, 2), 32) == ()
+    layer = Int4Linear.quantize(*_weights(64, 64))
+    with pytest.raises(RuntimeError, match="x's K must match"):
+        cpu_kernels.int4_mm(torch.randn(1, 32), layer.gemv)
+
+
+def test_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FASTLLM_CPU_KERNELS", "off")
+    assert not cpu_kernels.enabled()
+    assert Int4Linear.quantize(*_weights(64, 64)).gemv == ()
+    monkeypatch.setenv("FASTLLM_CPU_KERNELS", "sometimes")
+    with pytest.raises(ConfigError, match="FASTLLM_CPU_KERNELS must be one of auto, on, off"):
+        cpu_kernels.enabled()
+    # auto: not where torch's kernels have their AVX-512 paths
+    monkeypatch.setenv("FASTLLM_CPU_KERNELS", "auto")
+    monkeypatch.setattr(torch.cpu, "_is_avx512_supported", lambda: True)
+    assert not cpu_kernels.enabled()
+
+
+def test_a_quantized_model_decodes_a_token_on_the_kernels_as_on_torchs(
+    kernels: None, demo_model_dir: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tiny llama, int4 with an int8 head: a one-token forward's logits on the kernels
+    against the same model on torch's kernels (FASTLLM_CPU_KERNELS=off at load)."""
+    path = demo_model_dir("llama")
+    ours = load_model(path, device="cpu", quantization="int4", quantize_lm_head=True)
+    monkeypatch.setenv("FASTLLM_CPU_KERNELS", "off")
+    theirs = load_model(path, device="cpu", quantization="int4", quantize_lm_head=True)
+    quantized = (Int4Linear, Int8Linear)
+    assert all(not m.gemv for m in theirs.model.modules() if isinstance(m, quantized))
+    layers = [m for m in ours.model.modules() if isinstance(m, Int4Linear | Int8Linear)]
+    # every layer the layout holds packs (the tiny llama's down_proj, 176 inputs, does not)
+    assert layers and all(bool(m.gemv) == (m.in_features % 32 == 0) for m in layers)
+    logits = []
+    for loaded in (ours, theirs):
+        pages = Pages(loaded.model)
+        kv = pages.new()
+        with torch.inference_mode():
+            pages.step([(kv, [5, 17, 3, 9])])  # 4 rows: torch's kernels on both
+            (last,) = pages.step([(kv, [11])])  # one row: the AVX2 kernels on ours
+        logits.append(last)
+    assert not torch.equal(logits[0], logits[1])  # different kernels ran
+    assert _close(logits[0], logits[1])
+    # a compiled step saved with the kernels in its graph is not loaded for a model without
+    assert precompiled.layout_key(ours.model) != precompiled.layout_key(theirs.model)
+    # the kernels' copy of the int4 codes replaces the layer's own (never a third copy)
+    assert (
+        weight_bytes_by_format(ours.model)["int4"]
+        <= 1.3 * weight_bytes_by_format(theirs.model)["int4"]
+    )
+
+
+def test_decode_attention_writes_the_pool_and_matches_sdpa(kernels: None) -> None:
+    """One token of a sequence whose pages 2..4 are a run, 9 tokens before it (page size 4):
+    the pool gets its K/V at slot 2 * 4 + 9, and every query head attends to its KV head's 10
+    positions as `ops.attention` does (fp32, another order of summation)."""
+    g = torch.Generator().manual_seed(6)
+    num_heads, num_kv_heads, head_dim, pages, size = 9, 3, 64, 8, 4
+    pool = torch.randn(2, num_kv_heads, pages, size, head_dim, generator=g)
+    qkv = torch.randn(1, num_heads + 2 * num_kv_heads, head_dim, generator=g)
+    q, k, v = qkv.split([num_heads, num_kv_heads, num_kv_heads], dim=1)  # views, as the model's
+    first, past = 2, 9
+    expected_pool = pool.clone()
+    slots = expected_pool.view(2, num_kv_heads, pages * size, head_dim)
+    slots[0, :, first * size + past], slots[1, :, first * size + past] = k[0], v[0]
+    run = slots[:, :, first * size : first * size + past + 1]
+    expected = ops.attention(q.transpose(0, 1), run[0], run[1], causal_offset=past)
+    got = torch.ops.fastllm_cpu.decode_attend(q, k, v, pool, first, past)
+    assert torch.equal(pool, expected_pool)
+    assert got.shape == (1, num_heads, head_dim)
+    torch.testing.assert_close(got, expected.transpose(0, 1), rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        torch.ops.fastllm_cpu.decode_attend(q, k, v, pool, pages - 1, size)
+
+
+def test_a_lone_decode_step_runs_the_fused_attention(
+    kernels: None, demo_model_dir: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tiny llama in fp32 decoding one sequence: a model loaded with the kernels on takes
+    the fused attention for its one-token steps (decided at load), and its logits agree with
+    one loaded with them off."""
+    fused: list[bool] = []
+    build = BatchPlan.build.__func__  # type: ignore[attr-defined]
+
+    def spy(cls: type[BatchPlan], *args: object, **kwargs: bool) -> BatchPlan:
+        plan = build(cls, *args, **kwargs)
+        fused.append(plan.fused_decode)
+        return plan
+
+    monkeypatch.setattr(BatchPlan, "build", classmethod(spy))
+    logits: dict[str, list[torch.Tensor]] = {}
+    for mode in ("on", "off"):
+        monkeypatch.setenv("FASTLLM_CPU_KERNELS", mode)
+        model = load_model(demo_model_dir("llama"), device="cpu").model
+        assert model.fused_decode == (mode == "on")
+        pages = Pages(model, page_size=4)
+        kv = pages.new()
+        with torch.inference_mode():
+            pages.step([(kv, [5, 17, 3, 9, 4, 8, 2])])
+            logits[mode] = [pages.step([(kv, [t])])[0] for t in (11, 12, 13)]
+    assert fused == [False, True, True, True, False, False, False, False]
+    for a, b in zip(logits["on"], logits["off"], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
