@@ -99,6 +99,7 @@ struct QuantizedX {
 // sums of x:  sum_i w_i x_i ~= scale dx sum_i q_i xq_i - 8 scale dx sum_i xq_i + zero sum_i x_i
 at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                    const at::Tensor& zeros) {
+  TORCH_CHECK(codes.dim() == 2, "codes: uint8 [N, K/2]");
   const int64_t N = codes.size(0), K = codes.size(1) * 2, M = x.size(0);
   check_x(x, K);
   TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() && N % 4 == 0,
@@ -170,6 +171,7 @@ at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
 // int8: codes [N, K] int8, one float scale a row. maddubs needs one unsigned operand, so the
 // codes' magnitudes go unsigned and their signs move onto x (_mm256_sign_epi8).
 at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales) {
+  TORCH_CHECK(codes.dim() == 2, "codes: int8 [N, K]");
   const int64_t N = codes.size(0), K = codes.size(1), M = x.size(0);
   check_x(x, K);
   TORCH_CHECK(codes.scalar_type() == at::kChar && codes.is_contiguous(), "codes: int8 [N, K]");

@@ -120,6 +120,8 @@ def test_shapes_the_layout_cannot_hold_stay_on_torchs_kernel(kernels: None) -> N
     layer = Int4Linear.quantize(*_weights(64, 64))
     with pytest.raises(RuntimeError, match="x's K must match"):
         cpu_kernels.int4_mm(torch.randn(1, 32), layer.gemv)
+    with pytest.raises(RuntimeError, match=r"codes: uint8 \[N, K/2\]"):
+        cpu_kernels.int4_mm(torch.randn(1, 64), (layer.gemv[0].flatten(), *layer.gemv[1:]))
 
 
 def test_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
