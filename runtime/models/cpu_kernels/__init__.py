@@ -50,6 +50,7 @@ from runtime.errors import ConfigError
 __all__ = [
     "MAX_ROWS",
     "build_error",
+    "cpu_has",
     "enabled",
     "int4_mm",
     "int8_mm",
@@ -81,11 +82,17 @@ def _mode() -> str:
     return mode
 
 
+def cpu_has(*features: str) -> bool:
+    """Whether the CPU has any of `features`, torch's probes by name ("avx2", "avx512",
+    "avx512_bf16", "amx_tile": `torch.cpu._is_<name>_supported`; a name this torch lacks: no)."""
+    cpu: Any = torch.cpu
+    return any(bool(getattr(cpu, f"_is_{name}_supported", lambda: False)()) for name in features)
+
+
 def cpu_supports() -> bool:
     """AVX2: the kernels are compiled for AVX2, FMA and F16C, which every AVX2 CPU of Intel
     (Haswell on) and AMD (Zen on) also has."""
-    cpu: Any = torch.cpu
-    return bool(getattr(cpu, "_is_avx2_supported", lambda: False)())
+    return cpu_has("avx2")
 
 
 def enabled() -> bool:
@@ -94,7 +101,7 @@ def enabled() -> bool:
     mode = _mode()
     if mode == "off" or not cpu_supports():
         return False
-    if mode == "auto" and torch.cpu._is_avx512_supported():  # torch's kernels are fast there
+    if mode == "auto" and cpu_has("avx512"):  # torch's kernels are fast there
         return False
     return _ensure_built()
 
@@ -124,7 +131,7 @@ def _ensure_built() -> bool:
                 _built = True
             except Exception as exc:  # no compiler, no ninja, a compile error: torch's kernels
                 _built, _error = False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
-                log.warning("AVX2 int4/int8 kernels unavailable; torch's kernels run (%s)", _error)
+                log.warning("AVX2 kernels unavailable; torch's kernels and ops run (%s)", _error)
         return _built
 
 
