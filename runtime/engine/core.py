@@ -35,7 +35,12 @@ from runtime.engine.stats import (
     StatsSink,
     StepStats,
 )
-from runtime.engine.threads import StepThreads, apply_num_threads, step_threads_for
+from runtime.engine.threads import (
+    StepThreads,
+    apply_num_threads,
+    release_openmp_workers,
+    step_threads_for,
+)
 from runtime.memory.host_heap import HeapTrimmer, set_mmap_threshold
 
 log = logging.getLogger(__name__)
@@ -93,6 +98,9 @@ class EngineCore(Closing):
     def start(self) -> None:
         with self.lock:
             if self._thread is None:
+                # the steps run on the loop's thread from now on: this one's OpenMP workers
+                # (the load, the measurements, the warm-up) would slow its every parallel region
+                release_openmp_workers()
                 self._thread = threading.Thread(
                     target=self._loop, name="fastllm-engine", daemon=True
                 )

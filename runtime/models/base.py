@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from runtime.models import ops
 from runtime.models.batch_plan import BatchPlan, SeqSlice
 from runtime.models.config import ModelArgs
+from runtime.models.cpu_kernels.stack import FusedStack
 from runtime.models.layers import DecoderLayer, Linear, RMSNorm
 
 
@@ -83,6 +84,9 @@ class CausalLM(nn.Module):
         # lone one-token steps attend in one call of runtime.models.cpu_kernels (set at load:
         # runtime.models.loader; batch_plan's `fused_decode`)
         self.fused_decode = False
+        # and go through every layer in one call where the model's projections allow it
+        # (runtime.models.cpu_kernels.stack; set at load with `fused_decode`)
+        self.fused_stack: FusedStack | None = None
 
     @torch.no_grad()
     def forward(self, input_ids: Tensor, seqs: Sequence[SeqSlice]) -> Tensor:
@@ -92,9 +96,19 @@ class CausalLM(nn.Module):
         group = self.args.num_heads // self.args.num_kv_heads
         plan = BatchPlan.build(seqs, input_ids, group, fused_decode=self.fused_decode)
         cos, sin = self.rope_table().lookup(plan.positions)  # [T, 1, head_dim] each
+        if plan.fused_decode and self.fused_stack is not None:
+            return self.fused_step(input_ids, plan, cos, sin)
         x = self.embed(input_ids)
         for layer in self.layers:
             x = layer(x, plan, cos, sin)
+        return self.norm(x)
+
+    def fused_step(self, input_ids: Tensor, plan: BatchPlan, cos: Tensor, sin: Tensor) -> Tensor:
+        """A step `plan.fused_decode` marks, on a model with a `fused_stack`: the lone token
+        through every layer in one call (runtime.models.cpu_kernels.stack) -> hidden [1, H]."""
+        assert self.fused_stack is not None and plan.lone_run is not None
+        first, _, past = plan.lone_run
+        x = self.fused_stack.run(self.embed(input_ids), cos, sin, plan.pool, first, past)
         return self.norm(x)
 
     def embed(self, input_ids: Tensor) -> Tensor:

@@ -162,7 +162,8 @@ class BatchPlan:
             and lone_run is not None
             and len(positions) == 1
             and pool.dtype == torch.float32
-            and pool.device.type == "cpu",
+            and pool.device.type == "cpu"
+            and pool.is_contiguous(),  # the kernels index the pool's memory themselves
         )
 
 

@@ -25,6 +25,7 @@ from runtime.models.bert import BertEncoder
 from runtime.models.bounds import check_layers
 from runtime.models.checkpoint import TensorSource, open_checkpoint
 from runtime.models.config import ModelArgs
+from runtime.models.cpu_kernels import stack
 from runtime.models.families import GemmaForCausalLM, LlamaForCausalLM
 from runtime.models.gguf_io.reader import is_gguf
 from runtime.models.meta import meta_build
@@ -72,11 +73,24 @@ class LoadedModel:
     parallel: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        # decided once per loaded model: its lone one-token steps attend in one call of our own
-        # (runtime.models.cpu_kernels.decode_attend) on an fp32 CPU model where they run
+        self.decide_decode_kernels()
+
+    def decide_decode_kernels(self) -> None:
+        """Decided once per loaded model (and again after a quantization at load): its lone
+        one-token steps attend in one call of our own (runtime.models.cpu_kernels'
+        decode_attend) on an fp32 CPU model where the kernels run, and go through the whole
+        decoder stack in one call (cpu_kernels.stack) where its projections are all on them."""
         if isinstance(self.model, CausalLM):
             self.model.fused_decode = (
                 self.device.type == "cpu" and self.dtype == torch.float32 and cpu_kernels.enabled()
+            )
+            model = self.model
+            model.fused_stack = (
+                stack.pack(
+                    model.layers, model.args, norm_offset=model.norm_offset, mlp_act=model.mlp_act
+                )
+                if model.fused_decode
+                else None
             )
 
     @property
@@ -107,6 +121,7 @@ def load_model(
             )
             if quantize_lm_head:
                 quantize_head(loaded.model, loaded.quantization)
+            loaded.decide_decode_kernels()
         return loaded
     if not path.is_dir():
         raise ModelLoadError(f"model directory {path} does not exist")

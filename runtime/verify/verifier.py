@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from runtime.engine.stats import FinishReason, StatsSink
-from runtime.engine.threads import apply_num_threads
+from runtime.engine.threads import apply_num_threads, release_openmp_workers
 from runtime.models.lora.weights import LoraWeights
 from runtime.verify.jobs import VerifyJob, verify_jobs
 
@@ -166,6 +166,8 @@ class Verifier:
         if self.num_threads is not None:  # OpenMP's count is per thread
             apply_num_threads(self.num_threads)
         while True:
+            if self._queue.empty():  # idle: its OpenMP workers would slow the engine's steps
+                release_openmp_workers()
             jobs = self._take()
             if not jobs:
                 return

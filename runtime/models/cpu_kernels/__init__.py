@@ -1,5 +1,7 @@
 """Batch-1 decode kernels of our own for AVX2 CPUs without AVX-512: int4 and int8 GEMMs
-(gemv.cpp) and the attention of one token over its run of pages (attend.cpp).
+(gemv.cpp), the attention of one token over its run of pages (attend.cpp), and a quantized
+llama-family model's whole decoder stack for one token in one call (stack.cpp, packed by
+stack.py); kernels.h declares what they share, vec.h the AVX2 helpers.
 
 Why: torch's weight-only CPU kernels (`_weight_int4pack_mm_for_cpu`, `_weight_int8pack_mm`) are
 fast where AVX-512 is (1.18x llama.cpp's whole step on a Sapphire Rapids, docs/performance.md)
@@ -32,6 +34,11 @@ new K/V stored and the attention of every query head in one call. On such a CPU 
 costs 3-10 us, and the eager path runs ~12 of them a layer (the writes, views, SDPA) for what is
 a few microseconds of work at a short context. It computes what `ops.attention` does, in fp32
 with its own order of summation (differences in the last bits).
+
+`torch.ops.fastllm_cpu.decode_stack(x, weights, counts, cos, sin, pool, first_page, past,
+num_heads, intermediate, eps)` (stack.cpp): the same lone one-token step through every layer
+(norms, projections, rotary, attention, SwiGLU, residual adds) with no torch op between them;
+used where every projection of the model is on these kernels (cpu_kernels.stack says which).
 """
 
 from __future__ import annotations
@@ -63,7 +70,7 @@ log = logging.getLogger(__name__)
 
 MAX_ROWS = 1  # calls of at most this many rows run here (module doc)
 BLOCK = 32  # input features per activation scale, and per int4 weight scale
-_SOURCES = [str(Path(__file__).with_name(name)) for name in ("gemv.cpp", "attend.cpp")]
+_SOURCES = [str(Path(__file__).with_name(name)) for name in ("gemv.cpp", "attend.cpp", "stack.cpp")]
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 MODES = ("auto", "on", "off")
 

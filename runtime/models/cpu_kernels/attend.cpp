@@ -13,6 +13,51 @@
 #include <limits>
 #include <vector>
 
+#include "kernels.h"
+#include "vec.h"
+
+namespace fastllm_cpu {
+
+void attend_lone(const float* qp, const float* kp, const float* vp, float* base, int64_t Hq,
+                 int64_t Hkv, int64_t P, int64_t S, int64_t D, int64_t first_page, int64_t past,
+                 float* op) {
+  auto keys = [&](int64_t h) { return base + (h * P + first_page) * S * D; };
+  auto values = [&](int64_t h) { return base + ((Hkv + h) * P + first_page) * S * D; };
+  for (int64_t h = 0; h < Hkv; ++h) {
+    std::memcpy(keys(h) + past * D, kp + h * D, D * sizeof(float));
+    std::memcpy(values(h) + past * D, vp + h * D, D * sizeof(float));
+  }
+  const int64_t total = past + 1, group = Hq / Hkv;
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  // split the heads across threads only when each gets real work
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(total * D, 1));
+  at::parallel_for(0, Hq, grain, [&](int64_t h0, int64_t h1) {
+    std::vector<float> scores(total);
+    for (int64_t hq = h0; hq < h1; ++hq) {
+      const float* qh = qp + hq * D;
+      const float *kh = keys(hq / group), *vh = values(hq / group);
+      float top = -std::numeric_limits<float>::infinity();
+      for (int64_t t = 0; t < total; ++t) {
+        scores[t] = dot(qh, kh + t * D, D) * scale;
+        top = std::max(top, scores[t]);
+      }
+      float sum = 0.f;
+      for (int64_t t = 0; t < total; ++t) {
+        scores[t] = std::exp(scores[t] - top);
+        sum += scores[t];
+      }
+      float* oh = op + hq * D;
+      std::fill(oh, oh + D, 0.f);
+      const float inv = 1.f / sum;
+      for (int64_t t = 0; t < total; ++t) {
+        const float w = scores[t] * inv;
+        const float* vt = vh + t * D;
+        for (int64_t i = 0; i < D; ++i) oh[i] += w * vt[i];
+      }
+    }
+  });
+}
+
 namespace {
 
 // q [1, Hq, D]; k, v [1, Hkv, D]; pool [2, Hkv, pages, page_size, D] float32 (one layer's, in
@@ -36,52 +81,14 @@ at::Tensor decode_attend(const at::Tensor& q, const at::Tensor& k, const at::Ten
   TORCH_CHECK(first_page >= 0 && past >= 0 && first_page * S + past < P * S,
               "the new token's slot lies outside the pool");
   const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
-  float* base = pool.data_ptr<float>();
-  auto keys = [&](int64_t h) { return base + (h * P + first_page) * S * D; };
-  auto values = [&](int64_t h) { return base + ((Hkv + h) * P + first_page) * S * D; };
-  for (int64_t h = 0; h < Hkv; ++h) {
-    std::memcpy(keys(h) + past * D, kc.data_ptr<float>() + h * D, D * sizeof(float));
-    std::memcpy(values(h) + past * D, vc.data_ptr<float>() + h * D, D * sizeof(float));
-  }
-  const int64_t total = past + 1, group = Hq / Hkv;
-  const float scale = 1.f / std::sqrt(static_cast<float>(D));
   at::Tensor out = at::empty({1, Hq, D}, q.options());
-  const float* qp = qc.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  // split the heads across threads only when each gets real work
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(total * D, 1));
-  at::parallel_for(0, Hq, grain, [&](int64_t h0, int64_t h1) {
-    std::vector<float> scores(total);
-    for (int64_t hq = h0; hq < h1; ++hq) {
-      const float* qh = qp + hq * D;
-      const float *kh = keys(hq / group), *vh = values(hq / group);
-      float top = -std::numeric_limits<float>::infinity();
-      for (int64_t t = 0; t < total; ++t) {
-        const float* kt = kh + t * D;
-        float s = 0.f;
-        for (int64_t i = 0; i < D; ++i) s += qh[i] * kt[i];
-        scores[t] = s * scale;
-        top = std::max(top, scores[t]);
-      }
-      float sum = 0.f;
-      for (int64_t t = 0; t < total; ++t) {
-        scores[t] = std::exp(scores[t] - top);
-        sum += scores[t];
-      }
-      float* oh = op + hq * D;
-      std::fill(oh, oh + D, 0.f);
-      const float inv = 1.f / sum;
-      for (int64_t t = 0; t < total; ++t) {
-        const float w = scores[t] * inv;
-        const float* vt = vh + t * D;
-        for (int64_t i = 0; i < D; ++i) oh[i] += w * vt[i];
-      }
-    }
-  });
+  attend_lone(qc.data_ptr<float>(), kc.data_ptr<float>(), vc.data_ptr<float>(),
+              pool.data_ptr<float>(), Hq, Hkv, P, S, D, first_page, past, out.data_ptr<float>());
   return out;
 }
 
 }  // namespace
+}  // namespace fastllm_cpu
 
 TORCH_LIBRARY_FRAGMENT(fastllm_cpu, m) {
   m.def(
@@ -89,4 +96,4 @@ TORCH_LIBRARY_FRAGMENT(fastllm_cpu, m) {
       "-> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(fastllm_cpu, CPU, m) { m.impl("decode_attend", &decode_attend); }
+TORCH_LIBRARY_IMPL(fastllm_cpu, CPU, m) { m.impl("decode_attend", &fastllm_cpu::decode_attend); }

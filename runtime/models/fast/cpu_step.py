@@ -113,6 +113,9 @@ class CompiledStep:
             # bad input raises here, as eager
             plan = BatchPlan.build(seqs, input_ids, self.group, fused_decode=fused)
             cos, sin = self.model.rope_table().lookup(plan.positions)
+            if plan.fused_decode and self.model.fused_stack is not None:
+                # one call of our own for the whole stack beats the graph (cpu_kernels.stack)
+                return self.model.fused_step(input_ids, plan, cos, sin)
         args = (self.model, input_ids, cos, sin)
         _in_flight.plan = plan
         try:

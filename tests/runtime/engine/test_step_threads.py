@@ -120,3 +120,66 @@ def test_a_shift_in_the_steps_mid_measurement_does_not_pick_the_slower_count() -
         policy.observe(20, threads, base * (1.0 if threads == 1 else 0.7))
     assert picked == [1, 2] * 4
     assert policy.choice == {32: 2}
+
+
+def test_a_thread_lets_its_openmp_workers_go() -> None:
+    """A thread that ran a parallel region on 3 threads holds 2 OpenMP workers; released, the
+    process has them no more (they exit), and the next region makes them again."""
+    import time
+
+    import psutil
+
+    from runtime.engine.threads import _openmp, release_openmp_workers
+
+    if _openmp() is None:
+        pytest.skip("torch loaded no OpenMP runtime with omp_pause_resource_all")
+    process = psutil.Process()
+    counts: dict[str, int] = {}
+
+    def settled() -> int:  # the workers exit asynchronously
+        for _ in range(100):
+            now = process.num_threads()
+            time.sleep(0.01)
+            if process.num_threads() == now:
+                return now
+        return process.num_threads()
+
+    def run() -> None:
+        torch.set_num_threads(3)
+        big = torch.randn(256, 256)
+        counts["before"] = settled()
+        (big @ big).sum()  # a parallel region: the workers start
+        counts["with"] = settled()
+        counts["released"] = int(release_openmp_workers())
+        counts["after"] = settled()
+        (big @ big).sum()
+        counts["again"] = settled()
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join()
+    assert counts["released"] == 1
+    assert counts["with"] == counts["before"] + 2
+    assert counts["after"] == counts["before"]
+    assert counts["again"] == counts["with"]
+
+
+def test_starting_the_engine_loop_releases_the_starting_threads_workers(
+    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The model is loaded and measured on the caller's thread, decoded on the loop's: the
+    caller's OpenMP workers are let go when the loop starts, on the caller's thread."""
+    from runtime.engine import core
+    from runtime.engine.offline import generate
+    from runtime.engine.sampling import SamplingParams
+    from runtime.models.loader import load_model
+    from tests.runtime.models.builders import build_llama
+
+    released: list[int] = []
+    monkeypatch.setattr(
+        core, "release_openmp_workers", lambda: released.append(threading.get_ident())
+    )
+    loaded = load_model(build_llama(tmp_path_factory.mktemp("release") / "llama"), device="cpu")
+    params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+    generate(loaded, [[5, 6, 7]], params, num_threads=2)
+    assert released == [threading.get_ident()]

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from runtime.errors import ConfigError
 from runtime.models import cpu_kernels, ops
-from runtime.models.batch_plan import BatchPlan
+from runtime.models.batch_plan import BatchPlan, SeqSlice
 from runtime.models.fast import precompiled
 from runtime.models.loader import load_model
 from runtime.models.quant import Int4Linear, Int8Linear
@@ -221,3 +221,161 @@ def test_a_lone_decode_step_runs_the_fused_attention(
     assert fused == [False, True, True, True, False, False, False, False]
     for a, b in zip(logits["on"], logits["off"], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def stack_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny llama with an intermediate size of 192: every projection divides by 32, so the
+    whole stack packs (the preset's 176 leaves down_proj on torch's kernel)."""
+    from runtime.models.demo import make_demo_model
+
+    return make_demo_model(
+        tmp_path_factory.mktemp("stack-llama"), overrides={"intermediate_size": 192}
+    )
+
+
+def _decode(model: torch.nn.Module, decode_threads: int | None = None) -> tuple:
+    """A 7-token prompt, then one token a step (on `decode_threads` when given): the decode
+    steps' logits and the pool after."""
+    pages = Pages(model, page_size=4)
+    kv = pages.new()
+    before = torch.get_num_threads()
+    with torch.inference_mode():
+        pages.step([(kv, [5, 17, 3, 9, 4, 8, 2])])
+        try:
+            torch.set_num_threads(decode_threads or before)
+            logits = [pages.step([(kv, [t])])[0] for t in (11, 12, 13, 14)]
+        finally:
+            torch.set_num_threads(before)
+    return logits, pages.cache.pool.data.clone()
+
+
+def test_a_lone_decode_step_runs_the_whole_stack_in_one_call(
+    kernels: None, stack_llama_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """int4 with an int8 head: the one-token steps go through stack.cpp (one call, every layer)
+    and give the logits and the K/V the layers give on the same kernels; against torch's
+    kernels (FASTLLM_CPU_KERNELS=off) within the kernels' tolerance."""
+    from runtime.models.cpu_kernels.stack import FusedStack
+
+    loaded = load_model(stack_llama_dir, device="cpu", quantization="int4", quantize_lm_head=True)
+    model = loaded.model
+    stack = model.fused_stack
+    assert stack is not None and stack.counts == [3, 3, 3, 3] * model.args.num_layers
+    calls = []
+    run = FusedStack.run
+    monkeypatch.setattr(FusedStack, "run", lambda self, *a: calls.append(1) or run(self, *a))
+    fused_logits, fused_pool = _decode(model)
+    assert len(calls) == 4  # the decode steps, not the prompt
+    model.fused_stack = None  # the same model and kernels, layer by layer
+    layer_logits, layer_pool = _decode(model)
+    assert len(calls) == 4
+    for a, b in zip(fused_logits, layer_logits, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(fused_pool, layer_pool, rtol=1e-5, atol=1e-5)
+    monkeypatch.setenv("FASTLLM_CPU_KERNELS", "off")
+    theirs = load_model(stack_llama_dir, device="cpu", quantization="int4", quantize_lm_head=True)
+    assert theirs.model.fused_stack is None
+    for a, b in zip(fused_logits, _decode(theirs.model)[0], strict=True):
+        assert _close(a, b)
+
+
+def test_a_gguf_model_quantized_at_load_gets_the_stack(
+    kernels: None, stack_llama_dir: Path, tmp_path: Path
+) -> None:
+    """A GGUF file is read to float first and quantized after: the stack is decided after the
+    quantization."""
+    from tests.runtime.models.gguf_files import write_gguf
+
+    path = write_gguf(stack_llama_dir, tmp_path / "m.gguf")
+    loaded = load_model(path, device="cpu", quantization="int4", load_tokenizer=False)
+    assert loaded.model.fused_stack is not None
+
+
+def test_which_models_take_the_stack(
+    kernels: None, stack_llama_dir: Path, demo_model_dir: Callable[[str], Path]
+) -> None:
+    """Only a llama-family model whose every projection is on the kernels, none replaced on the
+    instance: never a float model (a patched op of `ops` still runs there), not gemma (its
+    (1 + w) norm and GeGLU), not a layer the layout cannot hold, not tensor parallelism's
+    wrapped projections."""
+    from runtime.models.cpu_kernels import stack
+    from runtime.models.parallel.comm import make_row_parallel
+
+    assert load_model(stack_llama_dir, device="cpu").model.fused_stack is None  # fp32
+    gemma = load_model(demo_model_dir("gemma"), device="cpu", quantization="int4")
+    assert gemma.model.fused_stack is None
+    preset = load_model(demo_model_dir("llama"), device="cpu", quantization="int4")
+    assert preset.model.fused_stack is None  # down_proj's 176 inputs
+    model = load_model(stack_llama_dir, device="cpu", quantization="int8").model
+    assert model.fused_stack is not None and set(model.fused_stack.counts) == {2}
+    knobs = {"norm_offset": model.norm_offset, "mlp_act": model.mlp_act}
+    assert stack.pack(model.layers, model.args, **knobs) is not None
+    make_row_parallel(model.layers[1].mlp.down_proj)
+    assert stack.pack(model.layers, model.args, **knobs) is None
+
+
+def test_the_stack_refuses_a_bad_pack_before_touching_anything(
+    kernels: None, stack_llama_dir: Path
+) -> None:
+    """Counts that disagree with the tensors, a projection of the wrong shape, a slot outside
+    the pool: a clear error, and neither x nor the pool changed (every layer is checked first)."""
+    model = load_model(stack_llama_dir, device="cpu", quantization="int4").model
+    stack = model.fused_stack
+    assert stack is not None
+    a = model.args
+    pool = torch.zeros(a.num_layers, 2, a.num_kv_heads, 4, 4, a.head_dim)
+    cos, sin = model.rope_table().lookup(torch.tensor([3]))
+    x = torch.randn(1, a.hidden_size)
+    before = x.clone()
+    op = torch.ops.fastllm_cpu.decode_stack
+    common = (a.num_heads, a.intermediate_size, a.norm_eps)
+    with pytest.raises(RuntimeError, match="fewer tensors than counts say"):
+        op(x, stack.weights[:-1], stack.counts, cos, sin, pool, 0, 3, *common)
+    swapped = list(stack.weights)
+    swapped[1:4], swapped[4:7] = stack.weights[4:7], stack.weights[1:4]  # qkv <-> o: wrong shapes
+    with pytest.raises(RuntimeError, match="qkv: expected"):
+        op(x, swapped, stack.counts, cos, sin, pool, 0, 3, *common)
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        op(x, stack.weights, stack.counts, cos, sin, pool, 3, 4, *common)
+    assert torch.equal(x, before) and not pool.any()
+    op(x, stack.weights, stack.counts, cos.reshape(-1), sin.reshape(-1), pool, 0, 3, *common)
+    assert not torch.equal(x, before) and pool[:, :, :, 0, 3].any()  # the token's K/V stored
+
+
+def test_a_compiled_step_takes_the_stack_for_a_lone_token(
+    kernels: None, stack_llama_dir: Path
+) -> None:
+    """The compiled step hands a lone token's step to the stack, nothing compiled for it, and
+    gives the eager forward's logits."""
+    from runtime.models.fast.cpu_step import CompiledStep
+
+    model = load_model(stack_llama_dir, device="cpu", quantization="int4").model
+    expected, _ = _decode(model)
+    step = CompiledStep(model)
+    pages = Pages(model, page_size=4)
+    kv = pages.new()
+    got = []
+    with torch.inference_mode():
+        pages.step([(kv, [5, 17, 3, 9, 4, 8, 2])])  # the prompt on the eager forward
+        for token in (11, 12, 13, 14):
+            assert pages.cache.ensure(kv, 1)
+            ids = torch.tensor([token])
+            hidden = step(ids, [SeqSlice(0, 1, kv)])
+            got.append(model.compute_logits(hidden))
+            kv.advance(1)
+    assert step.num_compiled_steps == 0 and not step.graphs and step.is_compiled
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_the_stack_gives_the_same_bits_on_one_thread_and_two(
+    kernels: None, stack_llama_dir: Path
+) -> None:
+    """Every output of the stack's kernels is summed by one thread in one order, so the
+    per-step choice of threads (runtime.engine.threads) never changes a decode step's logits."""
+    model = load_model(stack_llama_dir, device="cpu", quantization="int4").model
+    one, one_pool = _decode(model, decode_threads=1)
+    two, two_pool = _decode(model, decode_threads=2)
+    assert all(torch.equal(a, b) for a, b in zip(one, two, strict=True))
+    assert torch.equal(one_pool, two_pool)
