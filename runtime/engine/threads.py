@@ -42,26 +42,25 @@ def apply_num_threads(num_threads: int) -> int:
     return torch.get_num_threads()
 
 
-# OpenMP runtimes torch may have loaded (GNU, Intel, LLVM), looked up among those already loaded
-_OPENMP_RUNTIMES = ("libgomp.so.1", "libiomp5.so", "libomp.so")
+# GNU OpenMP (torch's Linux wheels), looked up among the libraries already loaded. Only there
+# does a pause release just the calling thread's pool; LLVM's and Intel's runtimes pause every
+# thread of the process, which could land while the engine's loop is inside a region.
+_LIBGOMP = "libgomp.so.1"
 _OMP_PAUSE_SOFT = 1  # omp_pause_soft of omp_pause_resource_t
 
 
 @functools.cache
 def _openmp() -> ctypes.CDLL | None:
-    for name in _OPENMP_RUNTIMES:
-        try:
-            lib = ctypes.CDLL(name, mode=getattr(os, "RTLD_NOLOAD", 0) | os.RTLD_LAZY)
-        except OSError:
-            continue
-        if hasattr(lib, "omp_pause_resource_all"):
-            return lib
-    return None
+    try:
+        lib = ctypes.CDLL(_LIBGOMP, mode=getattr(os, "RTLD_NOLOAD", 0) | os.RTLD_LAZY)
+    except OSError:  # another OpenMP runtime, or none: nothing is released
+        return None
+    return lib if hasattr(lib, "omp_pause_resource_all") else None
 
 
 def release_openmp_workers() -> bool:
-    """Let the calling thread's OpenMP worker threads go (`omp_pause_resource_all`, OpenMP
-    5.0; a later parallel region on this thread makes them again). True where the runtime did.
+    """Let the calling thread's OpenMP worker threads go (libgomp's `omp_pause_resource_all`,
+    OpenMP 5.0; a later parallel region on this thread makes them again). True where it did.
 
     Why: OpenMP's workers belong to the thread that ran the parallel region, and libgomp keeps
     a worker spinning between regions (a region then starts in ~1 us) only while the process

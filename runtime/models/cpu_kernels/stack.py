@@ -28,8 +28,6 @@ from runtime.models.config import ModelArgs
 from runtime.models.layers import DecoderLayer
 from runtime.models.quant import QuantizedLinear
 
-PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
-
 
 @dataclass(frozen=True)
 class FusedStack:
