@@ -46,10 +46,13 @@ def _sdist(version: str | None) -> tuple[str, str, str]:
         if version is None
         else (f"https://pypi.org/pypi/{PACKAGE}/{version}/json")
     )
-    meta = httpx.get(url, timeout=60, follow_redirects=True).raise_for_status().json()
+    response = httpx.get(url, timeout=60, follow_redirects=True).raise_for_status()
+    meta = response.json()
     for file in meta["urls"]:
         if file["packagetype"] == "sdist":
-            return meta["info"]["version"], file["url"], file["digests"]["sha256"]
+            # a mirror of PyPI may give the file's address relative to the JSON's
+            where = str(response.url.join(file["url"]))
+            return meta["info"]["version"], where, file["digests"]["sha256"]
     raise BuildError(f"{PACKAGE} {meta['info']['version']} has no source distribution on PyPI")
 
 

@@ -45,6 +45,10 @@ from runtime.memory.host_heap import HeapTrimmer, set_mmap_threshold
 
 log = logging.getLogger(__name__)
 
+# the warm-up's thread choices are measured again within this many steps of each size class
+# once the loop runs (StepThreads.recheck_within)
+WARM_UP_RECHECK_STEPS = 64
+
 
 class EngineCore(Closing):
     """How a sequence ends (`close`, `expire`) is closing.py's."""
@@ -133,7 +137,9 @@ class EngineCore(Closing):
         if self.config.num_threads is not None:
             apply_num_threads(self.config.num_threads)
         self.num_threads = torch.get_num_threads()
-        self._step_threads()  # the warm-up's choices stand if it ran with the same count
+        # the warm-up's choices stand if it ran with the same count, measured again on this
+        # thread after a few real steps (threads.py: the warm-up ran under the load's conditions)
+        self._step_threads().recheck_within(WARM_UP_RECHECK_STEPS)
         while True:
             with self.lock:
                 if self._stop:

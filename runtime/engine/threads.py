@@ -74,6 +74,10 @@ def release_openmp_workers() -> bool:
     return lib is not None and lib.omp_pause_resource_all(_OMP_PAUSE_SOFT) == 0
 
 
+# steps of a settled size class before it is measured again (StepThreads)
+RECHECK_EVERY = 4096
+
+
 def _size_class(num_tokens: int) -> int:
     """Steps are compared within powers of two of their token count."""
     return 1 << max(num_tokens - 1, 0).bit_length()
@@ -92,18 +96,32 @@ class StepThreads:
     favours. Alternating and pairing make a drift or a shift (a growing context, other load,
     the warm-up's steps then real ones) hit both alike. A class above one that settled on the
     most threads takes the most without measuring (more work per step splits better).
+    A settled class is measured again after `recheck_every` of its steps: the first measurement
+    runs at load, when another process may be loading on the same cores (two servers started
+    together on a 2-core machine: the first kept one thread for batch-1 decode, 16 ms a token
+    served against 12 ms for the second), and the choice would otherwise stand for the
+    process's life. Measuring costs a few steps on the slower count: ~0.1% of a class's steps.
     Off (the count never changes) when the most is one, or for a CUDA device, whose steps do not
     run on these threads. A reduction split across another number of threads can round
     differently, so while a class is measuring, two identical requests may differ in the last
     bits of their logits (as they may in batches of different shapes); greedy tokens agree
     unless two logits tie within that rounding."""
 
-    def __init__(self, max_threads: int, *, enabled: bool = True, trials: int = 3) -> None:
+    def __init__(
+        self,
+        max_threads: int,
+        *,
+        enabled: bool = True,
+        trials: int = 3,
+        recheck_every: int = RECHECK_EVERY,
+    ) -> None:
         self.max_threads = max_threads
         self.trials = trials
+        self.recheck_every = recheck_every
         self.candidates = (1, max_threads) if enabled and max_threads > 1 else (max_threads,)
         self.choice: dict[int, int] = {}  # size class -> the count it settled on
         self._seconds: dict[tuple[int, int], list[float]] = {}  # (class, count) -> step times
+        self._since: dict[int, int] = {}  # size class -> its steps since it settled
 
     def pick(self, num_tokens: int) -> int:
         """The count for a step of `num_tokens` tokens, applied to the calling thread."""
@@ -124,10 +142,26 @@ class StepThreads:
             torch.set_num_threads(threads)
         return threads
 
+    def recheck_within(self, steps: int) -> None:
+        """Measure every settled class again after at most `steps` more of its steps (the
+        engine's loop, for the warm-up's choices: made on the loading thread, while whatever
+        else ran on the machine then)."""
+        for size in self.choice:
+            self._since[size] = max(self._since.get(size, 0), self.recheck_every - steps)
+
     def observe(self, num_tokens: int, threads: int, seconds: float) -> None:
         """A step's measured time; settles its size class once every candidate has enough."""
         size = _size_class(num_tokens)
-        if len(self.candidates) == 1 or size in self.choice:
+        if len(self.candidates) == 1:
+            return
+        if size in self.choice:
+            since = self._since.get(size, 0) + 1
+            self._since[size] = since
+            if since >= self.recheck_every:  # measured again from the next step (class doc)
+                del self.choice[size]
+                self._since[size] = 0
+                for count in self.candidates:
+                    self._seconds.pop((size, count), None)
             return
         self._seconds.setdefault((size, threads), []).append(seconds)
         one, most = (self._seconds.get((size, c), [])[1:] for c in self.candidates)  # [0]: cold

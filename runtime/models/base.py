@@ -106,9 +106,9 @@ class CausalLM(nn.Module):
     def fused_step(self, input_ids: Tensor, plan: BatchPlan, cos: Tensor, sin: Tensor) -> Tensor:
         """A step `plan.fused_decode` marks, on a model with a `fused_stack`: the lone token
         through every layer in one call (runtime.models.cpu_kernels.stack) -> hidden [1, H]."""
-        assert self.fused_stack is not None and plan.lone_run is not None
-        first, _, past = plan.lone_run
-        x = self.fused_stack.run(self.embed(input_ids), cos, sin, plan.pool, first, past)
+        assert self.fused_stack is not None and plan.lone_pages is not None
+        pages, past = plan.lone_pages
+        x = self.fused_stack.run(self.embed(input_ids), cos, sin, plan.pool, pages, past)
         return self.norm(x)
 
     def embed(self, input_ids: Tensor) -> Tensor:

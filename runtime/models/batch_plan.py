@@ -83,9 +83,13 @@ class BatchPlan:
     # one sequence whose pages are consecutive in the pool (first page, pages, tokens before the
     # new ones): it attends to a view of the pool, nothing gathered (batch-1 decode, usually)
     lone_run: tuple[int, int, int] | None = None
-    # a lone run's one-token step on an fp32 CPU pool of a model that asks for it (`build`):
-    # its K/V write and attention are one call (cpu_kernels.decode_attend)
+    # a lone sequence's one-token step on an fp32 CPU pool of a model that asks for it (`build`):
+    # its K/V write and attention are one call (cpu_kernels.decode_attend), over its page table
+    # in any order (a prefix from the cache is rarely one run with the pages after it)
     fused_decode: bool = False
+    # with fused_decode: the sequence's page table (the pages its tokens use) and its tokens
+    # before the new one
+    lone_pages: tuple[list[int], int] | None = None
 
     @classmethod
     def build(
@@ -93,8 +97,8 @@ class BatchPlan:
     ) -> BatchPlan:
         """`group` = query heads per kv head: the mask repeats per head of a group (the model
         folds a group's heads into query rows) and the tile cost model weighs queries by it.
-        `fused_decode`: the model's (`CausalLM.fused_decode`): a lone run's one-token step on an
-        fp32 CPU pool then attends in one call (runtime.models.cpu_kernels.decode_attend)."""
+        `fused_decode`: the model's (`CausalLM.fused_decode`): a lone sequence's one-token step
+        on an fp32 CPU pool then attends in one call (runtime.models.cpu_kernels.decode_attend)."""
         if not seqs:
             raise ValueError("a forward needs at least one sequence")
         pool, size = seqs[0].kv.data, seqs[0].kv.page_size
@@ -138,10 +142,20 @@ class BatchPlan:
         ]
         single_prefill = len(seqs) == 1 and seqs[0].kv.num_tokens == 0
         lone_run = None if single_prefill or len(seqs) > 1 else _lone_run(seqs[0].kv, pages[0])
+        fused = (
+            fused_decode
+            and len(seqs) == 1
+            and len(positions) == 1
+            and not single_prefill
+            and pool.dtype == torch.float32
+            and pool.device.type == "cpu"
+            and pool.is_contiguous()  # the kernels index the pool's memory themselves
+        )
         key_groups: list[KeyGroup] = []
         kv_table, gather_out = tensor([]), None
         query_index = output_index = None
-        if not (single_prefill or lone_run is not None or not rows):
+        # a fused step reads its page table itself: no gather to plan
+        if not (single_prefill or lone_run is not None or fused or not rows):
             key_groups, kv_table, gather_out, query_index, output_index = _grouped(
                 seqs, rows, pages, q_tile, group, len(positions)
             )
@@ -158,12 +172,8 @@ class BatchPlan:
             output_index=output_index,
             single_prefill=single_prefill,
             lone_run=lone_run,
-            fused_decode=fused_decode
-            and lone_run is not None
-            and len(positions) == 1
-            and pool.dtype == torch.float32
-            and pool.device.type == "cpu"
-            and pool.is_contiguous(),  # the kernels index the pool's memory themselves
+            fused_decode=fused,
+            lone_pages=(seqs[0].kv.page_ids[: pages[0]], positions[0]) if fused else None,
         )
 
 
@@ -313,9 +323,9 @@ def attend(plan: BatchPlan, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tens
     num_kv_heads = k.shape[1]
     pool = plan.pool[layer]  # [2, kv_heads, num_pages, page_size, head_dim]
     if plan.fused_decode:  # the write and the attention in one call (its op: build's doc)
-        assert plan.lone_run is not None
-        first, _, past = plan.lone_run
-        return torch.ops.fastllm_cpu.decode_attend(q, k, v, pool, first, past)
+        assert plan.lone_pages is not None
+        table, past = plan.lone_pages
+        return torch.ops.fastllm_cpu.decode_attend(q, k, v, pool, table, past)
     num_pages, size = pool.shape[2], pool.shape[3]
     slots = pool.view(2, num_kv_heads, num_pages * size, head_dim)
     slots[0].index_copy_(1, plan.write_slots, k.transpose(0, 1))

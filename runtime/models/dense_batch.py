@@ -113,7 +113,7 @@ def _crossover(layers: Sequence[QuantizedLinear], denses: Sequence[Tensor]) -> i
         inputs = {
             k: torch.randn(n, k, dtype=denses[0].dtype) for k in {m.in_features for m in layers}
         }
-        quantized = [(m.quantized_forward, inputs[m.in_features].bfloat16()) for m in layers]
+        quantized = [(m.kernel_forward, inputs[m.in_features]) for m in layers]
         dense = [
             (partial(nn.functional.linear, weight=w), inputs[m.in_features])
             for m, w in zip(layers, denses, strict=True)

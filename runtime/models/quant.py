@@ -68,8 +68,8 @@ class QuantizedLinear(nn.Module):
         super().__init__()
         self.register_buffer("dense", None, persistent=False)
         self.dense_min_rows = 0
-        # the weights as runtime.models.cpu_kernels's AVX2 kernels read them, for calls of at most
-        # cpu_kernels.MAX_ROWS rows; () where those kernels are not used
+        # the weights as runtime.models.cpu_kernels's AVX2 kernels read them (every call without
+        # the dense copy runs them); () where those kernels are not used
         self.gemv: tuple[Tensor, ...] = ()
 
     def attach_dense(self, dense: Tensor, min_rows: int) -> None:
@@ -90,17 +90,21 @@ class QuantizedLinear(nn.Module):
         """[rows, in] -> [rows, out] fp32 through runtime.models.cpu_kernels's kernel."""
         raise NotImplementedError
 
+    def kernel_forward(self, x2: Tensor) -> Tensor:
+        """[rows, in] -> [rows, out] through the layer's quantized kernel: the AVX2 kernels where
+        packed, else torch's (bf16 activations)."""
+        if self.gemv:
+            return self.gemv_forward(x2)
+        return self.quantized_forward(x2.to(torch.bfloat16))
+
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         dense = self.dense
-        rows = x2.shape[0]
-        if dense is not None and rows >= self.dense_min_rows:
+        if dense is not None and x2.shape[0] >= self.dense_min_rows:
             y = nn.functional.linear(x2.to(dense.dtype), dense)
-        elif self.gemv and rows <= cpu_kernels.MAX_ROWS:
-            y = self.gemv_forward(x2)
         else:
-            y = self.quantized_forward(x2.to(torch.bfloat16))
+            y = self.kernel_forward(x2)
         y = y.to(x.dtype)
         if self.bias is not None:
             y = y + self.bias

@@ -139,6 +139,12 @@ def is_quantized(model: nn.Module) -> bool:
     return any(getattr(m, "method", None) in METHODS for m in model.modules())
 
 
+def runs_cpu_kernels(model: nn.Module) -> bool:
+    """Whether a quantized layer of the model runs runtime.models.cpu_kernels's kernels (their
+    activations rounded to int8: runtime.verify.tolerance's INT8_BLOCKS chain)."""
+    return any(bool(getattr(m, "gemv", ())) for m in model.modules())
+
+
 # the dense copies of quantized layers, bf16 or fp32 (runtime.models.dense_batch)
 DENSE_KEY = "dense"
 

@@ -53,13 +53,15 @@ def verify_jobs(jobs: list[VerifyJob], threshold: float | None = None) -> list[V
     probe, then one probe per op, each with the tolerance it is to be checked against.
     `threshold`: the base (runtime.verify.tolerance); None: the default for the dtype and the
     model's quantization."""
-    from runtime.models.quantize import is_quantized
+    from runtime.models.quantize import is_quantized, runs_cpu_kernels
 
     model, dtype = jobs[0].model, jobs[0].dtype
     quantized = is_quantized(model)
     if threshold is None:
         threshold = default_threshold(str(dtype), _quantization(model) if quantized else None)
-    logit_dtype = chain_dtype(dtype, is_quantized=quantized)
+    logit_dtype = chain_dtype(
+        dtype, is_quantized=quantized, int8_activations=quantized and runs_cpu_kernels(model)
+    )
     assert all(j.model is model and j.dtype == dtype for j in jobs), "one model per call"
     digest = hashlib.blake2b(jobs[0].request_id.encode(), digest_size=4).digest()
     layer = int.from_bytes(digest, "big") % model.args.num_layers  # spread over the layers

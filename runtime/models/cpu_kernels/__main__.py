@@ -10,7 +10,7 @@ from runtime.models import cpu_kernels
 
 def main() -> int:
     if cpu_kernels.enabled():
-        print("AVX2 int4/int8 kernels: built; batch-1 quantized layers run them")
+        print("AVX2 int4/int8 kernels: built; quantized CPU layers run them")
         return 0
     why = cpu_kernels.build_error()
     if why is not None:

@@ -1,8 +1,10 @@
-// Batch-1 decode attention over one run of pages, in one call (runtime/models/cpu_kernels says why:
-// on a CPU where every torch op costs microseconds, the eager path's ~12 ops a layer cost more
-// than the attention itself at short contexts). The new token's K/V are written into the pool,
-// then each query head attends to its KV head's `past + 1` positions: softmax(q k^T / sqrt(D)) v,
-// in fp32, query heads grouped per KV head as in the model (head h serves h * group ...).
+// Batch-1 decode attention over one sequence's pages, in one call (runtime/models/cpu_kernels says
+// why: on a CPU where every torch op costs microseconds, the eager path's ~12 ops a layer cost
+// more than the attention itself at short contexts). The new token's K/V are written into the
+// pool, then each query head attends to its KV head's `past + 1` positions: softmax(q k^T /
+// sqrt(D)) v, in fp32, query heads grouped per KV head as in the model (head h serves h * group
+// ...). The pages are the sequence's table, in any order: a prefix shared from the cache sits
+// wherever it was first written, so a table is often not one run.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -18,14 +20,27 @@
 
 namespace fastllm_cpu {
 
+void check_table(at::IntArrayRef pages, int64_t P, int64_t S, int64_t past) {
+  TORCH_CHECK(past >= 0 && past / S < static_cast<int64_t>(pages.size()),
+              "the new token's slot lies outside the pool: position ", past, " past a table of ",
+              pages.size(), " pages");
+  for (const int64_t page : pages) {
+    TORCH_CHECK(page >= 0 && page < P, "the new token's slot lies outside the pool: page ", page,
+                " of ", P);
+  }
+}
+
 void attend_lone(const float* qp, const float* kp, const float* vp, float* base, int64_t Hq,
-                 int64_t Hkv, int64_t P, int64_t S, int64_t D, int64_t first_page, int64_t past,
+                 int64_t Hkv, int64_t P, int64_t S, int64_t D, const int64_t* pages, int64_t past,
                  float* op) {
-  auto keys = [&](int64_t h) { return base + (h * P + first_page) * S * D; };
-  auto values = [&](int64_t h) { return base + ((Hkv + h) * P + first_page) * S * D; };
+  // position t of KV head h: page pages[t / S], slot t % S
+  auto key = [&](int64_t h, int64_t t) { return base + ((h * P + pages[t / S]) * S + t % S) * D; };
+  auto value = [&](int64_t h, int64_t t) {
+    return base + (((Hkv + h) * P + pages[t / S]) * S + t % S) * D;
+  };
   for (int64_t h = 0; h < Hkv; ++h) {
-    std::memcpy(keys(h) + past * D, kp + h * D, D * sizeof(float));
-    std::memcpy(values(h) + past * D, vp + h * D, D * sizeof(float));
+    std::memcpy(key(h, past), kp + h * D, D * sizeof(float));
+    std::memcpy(value(h, past), vp + h * D, D * sizeof(float));
   }
   const int64_t total = past + 1, group = Hq / Hkv;
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
@@ -35,11 +50,15 @@ void attend_lone(const float* qp, const float* kp, const float* vp, float* base,
     std::vector<float> scores(total);
     for (int64_t hq = h0; hq < h1; ++hq) {
       const float* qh = qp + hq * D;
-      const float *kh = keys(hq / group), *vh = values(hq / group);
+      const int64_t hk = hq / group;
       float top = -std::numeric_limits<float>::infinity();
-      for (int64_t t = 0; t < total; ++t) {
-        scores[t] = dot(qh, kh + t * D, D) * scale;
-        top = std::max(top, scores[t]);
+      // page by page: a page's S positions are contiguous
+      for (int64_t t0 = 0; t0 < total; t0 += S) {
+        const float* kh = key(hk, t0);
+        for (int64_t t = t0; t < std::min(total, t0 + S); ++t) {
+          scores[t] = dot(qh, kh + (t - t0) * D, D) * scale;
+          top = std::max(top, scores[t]);
+        }
       }
       float sum = 0.f;
       for (int64_t t = 0; t < total; ++t) {
@@ -49,10 +68,13 @@ void attend_lone(const float* qp, const float* kp, const float* vp, float* base,
       float* oh = op + hq * D;
       std::fill(oh, oh + D, 0.f);
       const float inv = 1.f / sum;
-      for (int64_t t = 0; t < total; ++t) {
-        const float w = scores[t] * inv;
-        const float* vt = vh + t * D;
-        for (int64_t i = 0; i < D; ++i) oh[i] += w * vt[i];
+      for (int64_t t0 = 0; t0 < total; t0 += S) {
+        const float* vh = value(hk, t0);
+        for (int64_t t = t0; t < std::min(total, t0 + S); ++t) {
+          const float w = scores[t] * inv;
+          const float* vt = vh + (t - t0) * D;
+          for (int64_t i = 0; i < D; ++i) oh[i] += w * vt[i];
+        }
       }
     }
   });
@@ -61,9 +83,10 @@ void attend_lone(const float* qp, const float* kp, const float* vp, float* base,
 namespace {
 
 // q [1, Hq, D]; k, v [1, Hkv, D]; pool [2, Hkv, pages, page_size, D] float32 (one layer's, in
-// place); the sequence's pages are first_page .. in a run, `past` tokens before the new one.
+// place); `pages` the sequence's page table (its first past / page_size + 1 pages at least),
+// `past` tokens before the new one.
 at::Tensor decode_attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                         at::Tensor& pool, int64_t first_page, int64_t past) {
+                         at::Tensor& pool, at::IntArrayRef pages, int64_t past) {
   TORCH_CHECK(pool.dim() == 5 && pool.size(0) == 2 && pool.scalar_type() == at::kFloat &&
                   pool.is_contiguous(),
               "pool: one layer's contiguous float32 [2, kv_heads, pages, page_size, head_dim]");
@@ -78,12 +101,11 @@ at::Tensor decode_attend(const at::Tensor& q, const at::Tensor& k, const at::Ten
   TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0 && v.size(1) == Hkv && pool.size(1) == Hkv &&
                   k.size(2) == D && v.size(2) == D && pool.size(4) == D,
               "q, k, v and the pool disagree on heads or head_dim");
-  TORCH_CHECK(first_page >= 0 && past >= 0 && first_page * S + past < P * S,
-              "the new token's slot lies outside the pool");
+  check_table(pages, P, S, past);
   const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
   at::Tensor out = at::empty({1, Hq, D}, q.options());
   attend_lone(qc.data_ptr<float>(), kc.data_ptr<float>(), vc.data_ptr<float>(),
-              pool.data_ptr<float>(), Hq, Hkv, P, S, D, first_page, past, out.data_ptr<float>());
+              pool.data_ptr<float>(), Hq, Hkv, P, S, D, pages.data(), past, out.data_ptr<float>());
   return out;
 }
 
@@ -92,7 +114,7 @@ at::Tensor decode_attend(const at::Tensor& q, const at::Tensor& k, const at::Ten
 
 TORCH_LIBRARY_FRAGMENT(fastllm_cpu, m) {
   m.def(
-      "decode_attend(Tensor q, Tensor k, Tensor v, Tensor(a!) pool, int first_page, int past) "
+      "decode_attend(Tensor q, Tensor k, Tensor v, Tensor(a!) pool, int[] pages, int past) "
       "-> Tensor");
 }
 

@@ -116,6 +116,68 @@ struct QuantizedX {
 
 inline void store(float* o, float v, bool accumulate) { *o = accumulate ? *o + v : v; }
 
+
+// Rows of activations per pass over a thread's tiles in the many-row GEMMs: a chunk's int8 codes
+// (64 x K bytes, 96 KiB at K = 1536) stay in L2 while each tile's weights sit in L1 and serve
+// every row of the chunk; a longer prompt re-reads the weights once a chunk.
+constexpr int64_t kRowChunk = 64;
+
+// int4_rows for M > 1 (a prefill, a batched step): the loops turned round. Each tile's four rows
+// of codes are unpacked once into 32-byte vectors (nb x 128 bytes: L1) and its scales and zeros
+// converted once, then every row of x in the chunk is multiplied by them, where the one-row
+// order would stream the whole weight from memory once a row. A row's arithmetic is the
+// one-row path's in the same order, so its result is bit for bit the same.
+void int4_many(const int8_t* q, const float* dxp, const float* sxp, const float* cp, int64_t M,
+               int64_t K, const uint8_t* w, const uint16_t* d, const uint16_t* z, int64_t N,
+               float* out, bool accumulate) {
+  const int64_t nb = K / kBlock;
+  at::parallel_for(0, N / 4, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<__m256i> wu(nb * 4);
+    std::vector<float> d4s(nb * 4), z4s(nb * 4), sc(nb * 4);
+    for (int64_t m0 = 0; m0 < M; m0 += kRowChunk) {
+      const int64_t m1 = std::min(M, m0 + kRowChunk);
+      for (int64_t t = t0; t < t1; ++t) {
+        const uint8_t* wt = w + t * nb * 64;
+        const uint16_t *dt = d + t * nb * 4, *zt = z + t * nb * 4;
+        for (int64_t b = 0; b < nb; ++b) {
+          prefetch(wt + b * 64, kPrefetch);
+          for (int64_t r = 0; r < 4; ++r) wu[b * 4 + r] = unpack_nibbles(wt + b * 64 + r * 16);
+          _mm_storeu_ps(d4s.data() + b * 4, load_4_halves(dt + b * 4));
+          _mm_storeu_ps(z4s.data() + b * 4, load_4_halves(zt + b * 4));
+        }
+        for (int64_t m = m0; m < m1; ++m) {
+          const int8_t* xm = q + m * K;
+          const float *dxm = dxp + m * nb, *sxm = sxp + m * nb, *cm = cp + m * nb;
+          __m128 extra = _mm_setzero_ps();
+          for (int64_t b = 0; b < nb; ++b) {
+            const __m128 d4 = _mm_loadu_ps(d4s.data() + b * 4), z4 = _mm_loadu_ps(z4s.data() + b * 4);
+            _mm_storeu_ps(sc.data() + b * 4, _mm_mul_ps(d4, _mm_set1_ps(dxm[b])));
+            extra = _mm_fmadd_ps(z4, _mm_set1_ps(sxm[b]), extra);
+            extra = _mm_fnmadd_ps(d4, _mm_set1_ps(cm[b]), extra);
+          }
+          __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+          for (int64_t b = 0; b < nb; ++b) {
+            const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xm + b * kBlock));
+            const __m256i* wb = wu.data() + b * 4;
+            const float* s = sc.data() + b * 4;
+            a0 = fma_dot(wb[0], xv, s[0], a0);
+            a1 = fma_dot(wb[1], xv, s[1], a1);
+            a2 = fma_dot(wb[2], xv, s[2], a2);
+            a3 = fma_dot(wb[3], xv, s[3], a3);
+          }
+          float e[4];
+          _mm_storeu_ps(e, extra);
+          float* o = out + m * N + t * 4;
+          store(o, hsum(a0) + e[0], accumulate);
+          store(o + 1, hsum(a1) + e[1], accumulate);
+          store(o + 2, hsum(a2) + e[2], accumulate);
+          store(o + 3, hsum(a3) + e[3], accumulate);
+        }
+      }
+    }
+  });
+}
+
 }  // namespace
 
 // int4, weights in tiles of four rows: codes [N, K / 2] uint8 stored tile by tile, block by
@@ -128,16 +190,21 @@ void int4_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, const uin
                const uint16_t* z, int64_t N, float* out, bool accumulate) {
   const int64_t nb = K / kBlock;
   const QuantizedX qx(x, M, K);
-  // per block of x: 8 dx sum(xq), the centring's share
+  // per block of x: 8 dx sum(xq), the centring's share (maddubs by ones: the 32 codes' sum)
   thread_local std::vector<float> centre;
   centre.resize(M * nb);
+  const __m256i ones = _mm256_set1_epi8(1);
   for (int64_t i = 0; i < M * nb; ++i) {
-    int32_t s = 0;
-    for (int64_t j = 0; j < kBlock; ++j) s += qx.xq[i * kBlock + j];
-    centre[i] = 8.f * qx.dx[i] * static_cast<float>(s);
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx.xq + i * kBlock));
+    const float s = hsum(dot32(ones, v));
+    centre[i] = 8.f * qx.dx[i] * s;
   }
   const int8_t* q = qx.xq;
   const float *dxp = qx.dx, *sxp = qx.sx, *cp = centre.data();
+  if (M > 1) {
+    int4_many(q, dxp, sxp, cp, M, K, w, d, z, N, out, accumulate);
+    return;
+  }
   at::parallel_for(0, N / 4, 4, [&](int64_t t0, int64_t t1) {
     std::vector<float> sc(nb * 4);  // a tile's block scales times x's: [block][row]
     for (int64_t m = 0; m < M; ++m) {
@@ -191,41 +258,45 @@ void int8_rows(const float* x, int64_t M, int64_t K, const int8_t* w, const floa
     const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr));
     return fma_dot(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv), scale, acc);
   };
-  at::parallel_for(0, (N + 3) / 4, 16, [&](int64_t t0, int64_t t1) {
-    for (int64_t m = 0; m < M; ++m) {
-      const int8_t* xm = q + m * K;
-      const float* dxm = dxp + m * nb;
+  // a tile's four rows (4 K bytes) stay in L1 for every row of a chunk of x (kRowChunk)
+  at::parallel_for(0, (N + 3) / 4, M > 1 ? 1 : 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t m0 = 0; m0 < M; m0 += kRowChunk) {
+      const int64_t m1 = std::min(M, m0 + kRowChunk);
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t n0 = t * 4, rows = std::min<int64_t>(4, N - n0);
-        if (rows == 4) {
-          const int8_t* w0 = w + n0 * K;
-          __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-          for (int64_t b = 0; b < nb; ++b) {
-            // the tile's four rows are one run of 4 K bytes, read 128 a block
-            prefetch(w0 + b * 128, kPrefetch);
-            prefetch(w0 + b * 128, kPrefetch + 64);
-            const __m256i xv =
-                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xm + b * kBlock));
-            const int64_t o = b * kBlock;
-            a0 = dot(w0 + o, xv, dxm[b], a0);
-            a1 = dot(w0 + K + o, xv, dxm[b], a1);
-            a2 = dot(w0 + 2 * K + o, xv, dxm[b], a2);
-            a3 = dot(w0 + 3 * K + o, xv, dxm[b], a3);
-          }
-          float* o = out + m * N + n0;
-          store(o, hsum(a0) * s[n0], accumulate);
-          store(o + 1, hsum(a1) * s[n0 + 1], accumulate);
-          store(o + 2, hsum(a2) * s[n0 + 2], accumulate);
-          store(o + 3, hsum(a3) * s[n0 + 3], accumulate);
-        } else {
-          for (int64_t n = n0; n < n0 + rows; ++n) {
-            __m256 a = _mm256_setzero_ps();
+        for (int64_t m = m0; m < m1; ++m) {
+          const int8_t* xm = q + m * K;
+          const float* dxm = dxp + m * nb;
+          if (rows == 4) {
+            const int8_t* w0 = w + n0 * K;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             for (int64_t b = 0; b < nb; ++b) {
+              // the tile's four rows are one run of 4 K bytes, read 128 a block
+              prefetch(w0 + b * 128, kPrefetch);
+              prefetch(w0 + b * 128, kPrefetch + 64);
               const __m256i xv =
                   _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xm + b * kBlock));
-              a = dot(w + n * K + b * kBlock, xv, dxm[b], a);
+              const int64_t o = b * kBlock;
+              a0 = dot(w0 + o, xv, dxm[b], a0);
+              a1 = dot(w0 + K + o, xv, dxm[b], a1);
+              a2 = dot(w0 + 2 * K + o, xv, dxm[b], a2);
+              a3 = dot(w0 + 3 * K + o, xv, dxm[b], a3);
             }
-            store(out + m * N + n, hsum(a) * s[n], accumulate);
+            float* o = out + m * N + n0;
+            store(o, hsum(a0) * s[n0], accumulate);
+            store(o + 1, hsum(a1) * s[n0 + 1], accumulate);
+            store(o + 2, hsum(a2) * s[n0 + 2], accumulate);
+            store(o + 3, hsum(a3) * s[n0 + 3], accumulate);
+          } else {
+            for (int64_t n = n0; n < n0 + rows; ++n) {
+              __m256 a = _mm256_setzero_ps();
+              for (int64_t b = 0; b < nb; ++b) {
+                const __m256i xv =
+                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xm + b * kBlock));
+                a = dot(w + n * K + b * kBlock, xv, dxm[b], a);
+              }
+              store(out + m * N + n, hsum(a) * s[n], accumulate);
+            }
           }
         }
       }

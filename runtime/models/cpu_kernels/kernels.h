@@ -24,11 +24,13 @@ void check_int4(const at::Tensor& codes, const at::Tensor& scales, const at::Ten
 void check_int8(const at::Tensor& codes, const at::Tensor& scales);
 const uint16_t* halves(const at::Tensor& t);
 
-// One token's attention over its run of pages (attend.cpp): its K/V stored at `past`, then out
-// [Hq, D] = softmax(q k^T / sqrt(D)) v over the `past + 1` positions. `layer_pool` is one layer's
-// [2, Hkv, pages, page_size, D]; the caller has checked the shapes and the slot.
+// One token's attention over its pages (attend.cpp): its K/V stored at `past`, then out [Hq, D]
+// = softmax(q k^T / sqrt(D)) v over the `past + 1` positions, position t at page pages[t / S],
+// slot t % S. `layer_pool` is one layer's [2, Hkv, P, S, D]; the caller has checked the shapes
+// and the table (check_table).
+void check_table(at::IntArrayRef pages, int64_t P, int64_t S, int64_t past);
 void attend_lone(const float* q, const float* k, const float* v, float* layer_pool, int64_t Hq,
-                 int64_t Hkv, int64_t pages, int64_t page_size, int64_t D, int64_t first_page,
-                 int64_t past, float* out);
+                 int64_t Hkv, int64_t P, int64_t S, int64_t D, const int64_t* pages, int64_t past,
+                 float* out);
 
 }  // namespace fastllm_cpu

@@ -5,7 +5,7 @@
 // ~30 ms token on SmolLM2-135M, against ~17 ms of GEMMs. Here the same layer, written out:
 //
 //   h = rms_norm(x) * w_in;  q, k, v = h Wqkv^T;  q, k rotated (half-split, HF's layout)
-//   a = attention(q, k, v) over the sequence's run of pages (its K/V stored first)
+//   a = attention(q, k, v) over the sequence's pages (its K/V stored first)
 //   x += a Wo^T;  h = rms_norm(x) * w_post;  g, u = h Wgu^T;  x += (silu(g) u) Wdown^T
 //
 // in fp32, every projection an int4 or int8 kernel of gemv.cpp (the residual adds done by their
@@ -77,10 +77,11 @@ void check_vector(const at::Tensor& t, int64_t n, const char* name) {
 
 // x [1, H] (in place); weights, layer by layer: input norm, qkv's 2-3 tensors, o's, post norm,
 // gate_up's, down's; counts: each layer's four projections' tensor counts; cos, sin [D] the
-// token's rotary rows; pool [layers, 2, Hkv, pages, page_size, D]
+// token's rotary rows; pool [layers, 2, Hkv, pages, page_size, D]; pages the sequence's page
+// table, `past` tokens before this one
 void decode_stack(at::Tensor& x, at::TensorList weights, at::IntArrayRef counts,
                   const at::Tensor& cos, const at::Tensor& sin, at::Tensor& pool,
-                  int64_t first_page, int64_t past, int64_t num_heads, int64_t intermediate,
+                  at::IntArrayRef pages, int64_t past, int64_t num_heads, int64_t intermediate,
                   double eps) {
   TORCH_CHECK(pool.dim() == 6 && pool.size(1) == 2 && pool.scalar_type() == at::kFloat &&
                   pool.is_contiguous(),
@@ -92,8 +93,7 @@ void decode_stack(at::Tensor& x, at::TensorList weights, at::IntArrayRef counts,
               "x: one token's contiguous float32 [1, hidden]");
   const int64_t H = x.size(1);
   TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0 && D % 2 == 0 && I > 0, "heads, head_dim or sizes invalid");
-  TORCH_CHECK(first_page >= 0 && past >= 0 && first_page * S + past < P * S,
-              "the new token's slot lies outside the pool");
+  check_table(pages, P, S, past);
   TORCH_CHECK(static_cast<int64_t>(counts.size()) == 4 * L, "counts: four a layer");
   check_vector(cos, D, "cos");
   check_vector(sin, D, "sin");
@@ -132,7 +132,7 @@ void decode_stack(at::Tensor& x, at::TensorList weights, at::IntArrayRef counts,
     rotate(qkv.data(), Hq + Hkv, D, cp, sp);  // q and k: adjacent heads
     float* layer_pool = base + l * 2 * Hkv * P * S * D;
     attend_lone(qkv.data(), qkv.data() + Hq * D, qkv.data() + (Hq + Hkv) * D, layer_pool, Hq, Hkv,
-                P, S, D, first_page, past, attn.data());
+                P, S, D, pages.data(), past, attn.data());
     proj[4 * l + 1].apply(attn.data(), xp, true);
     rms_norm(xp, norms[2 * l + 1], H, eps, h.data());
     proj[4 * l + 2].apply(h.data(), gate_up.data(), false);
@@ -147,7 +147,7 @@ void decode_stack(at::Tensor& x, at::TensorList weights, at::IntArrayRef counts,
 TORCH_LIBRARY_FRAGMENT(fastllm_cpu, m) {
   m.def(
       "decode_stack(Tensor(a!) x, Tensor[] weights, int[] counts, Tensor cos, Tensor sin, "
-      "Tensor(b!) pool, int first_page, int past, int num_heads, int intermediate, float eps) "
+      "Tensor(b!) pool, int[] pages, int past, int num_heads, int intermediate, float eps) "
       "-> ()");
 }
 

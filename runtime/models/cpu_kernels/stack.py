@@ -11,7 +11,7 @@ whether the model can: a `CausalLM` of the llama family (RMSNorm without offset,
 biases) whose every projection holds a kernel pack (`QuantizedLinear.gemv`) and none is
 replaced per instance (tensor parallelism's all_reduce wraps `add_to_`). Its result rides on
 the model (`CausalLM.fused_stack`); the forward takes it for the steps `BatchPlan.fused_decode`
-marks (a lone one-token step over one run of fp32 pages). Everything else (prefills, batches,
+marks (a lone one-token step over fp32 pages). Everything else (prefills, batches,
 float models, other families) runs the layers as before. A float model never comes here, so a
 patched op of runtime.models.ops (the verification tests' faulty kernels) still runs on it.
 """
@@ -42,11 +42,11 @@ class FusedStack:
     eps: float
 
     def run(
-        self, x: Tensor, cos: Tensor, sin: Tensor, pool: Tensor, first_page: int, past: int
+        self, x: Tensor, cos: Tensor, sin: Tensor, pool: Tensor, pages: list[int], past: int
     ) -> Tensor:
         """x [1, H] fp32, updated in place through every layer (returned); cos, sin the token's
-        rotary rows; pool all layers' pages [layers, 2, Hkv, pages, page_size, D]; the token's
-        K/V are written at `past` of the run starting at `first_page`."""
+        rotary rows; pool all layers' pages [layers, 2, Hkv, pages, page_size, D]; `pages` the
+        sequence's page table, the token's K/V written at position `past` of it."""
         torch.ops.fastllm_cpu.decode_stack(
             x,
             self.weights,
@@ -54,7 +54,7 @@ class FusedStack:
             cos.reshape(-1),
             sin.reshape(-1),
             pool,
-            first_page,
+            pages,
             past,
             self.num_heads,
             self.intermediate,

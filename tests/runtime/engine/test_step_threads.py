@@ -100,9 +100,12 @@ def test_the_engine_loop_runs_small_steps_on_the_count_it_measured(
     assert policy.choice.get(1) in (1, 2)  # batch-1 decode settled on one of the two
     timed = {key for key, seconds in policy._seconds.items() if key[0] == 1}
     assert timed == {(1, 1), (1, 2)}
-    # a second engine on the same weights starts from what the first measured
+    # a second engine on the same weights starts from what the first measured, and its loop
+    # measures those choices again within 64 steps (24 steps here: not yet)
     generate(loaded, [[5, 6, 7]], params, num_threads=2)
     assert loaded.step_threads[2] is policy
+    assert policy.choice.get(1) in (1, 2)
+    assert policy._since[1] >= policy.recheck_every - 64
 
 
 @pytest.mark.usefixtures("two_threads")
@@ -197,3 +200,73 @@ def test_starting_the_engine_loop_releases_the_starting_threads_workers(
     params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
     generate(loaded, [[5, 6, 7]], params, num_threads=2)
     assert released == [threading.get_ident()]
+
+
+def test_an_engine_loaded_on_one_thread_releases_that_threads_workers(
+    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The server loads on a worker thread and starts the engine from its event loop's: the
+    loading thread lets its own workers go when the load ends (the start's release runs on
+    another thread and could not)."""
+    from dataclasses import replace
+
+    from runtime.engine import core, engine
+    from runtime.engine.offline import _offline_config
+    from runtime.engine.sampling import SamplingParams
+    from runtime.models.loader import load_model
+    from tests.runtime.models.builders import build_llama
+
+    released: list[tuple[str, int]] = []
+    for module in (core, engine):
+        name = module.__name__.rsplit(".", 1)[-1]
+        monkeypatch.setattr(
+            module,
+            "release_openmp_workers",
+            lambda name=name: released.append((name, threading.get_ident())),
+        )
+    loaded = load_model(build_llama(tmp_path_factory.mktemp("load-thread") / "llama"), device="cpu")
+    params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+    config = replace(_offline_config(loaded, [[5, 6, 7]], params), num_threads=2)
+    server_engine = engine.Engine(config, loader=lambda: loaded)
+    loader = threading.Thread(target=server_engine.load)
+    loader.start()
+    loader.join()
+    try:
+        server_engine.start()
+        assert released == [("engine", loader.ident), ("core", threading.get_ident())]
+    finally:
+        server_engine.shutdown()
+
+
+@pytest.mark.usefixtures("two_threads")
+def test_a_settled_class_is_measured_again_and_follows_the_machine() -> None:
+    """A choice made while another process loaded on the same cores does not stand for good:
+    after `recheck_every` steps the class alternates again and settles on what now runs
+    faster; the other classes keep theirs meanwhile."""
+    policy = StepThreads(2, trials=3, recheck_every=10)
+    settle(policy, 1, {1: 0.010, 2: 0.030})  # at load, two threads looked slow
+    settle(policy, 8, {1: 0.050, 2: 0.040})
+    assert policy.choice == {1: 1, 8: 2}
+    for _ in range(9):
+        assert policy.pick(1) == 1
+        policy.observe(1, 1, 0.010)
+    assert policy.choice == {1: 1, 8: 2}
+    policy.observe(1, 1, 0.010)  # the 10th step since it settled
+    assert policy.choice == {8: 2}
+    picked = settle(policy, 1, {1: 0.015, 2: 0.009})  # the other process has gone
+    assert picked == [1, 2] * 4
+    assert policy.choice == {1: 2, 8: 2}
+
+
+@pytest.mark.usefixtures("two_threads")
+def test_the_warm_ups_choices_are_measured_again_soon() -> None:
+    """`recheck_within(n)`: a class settled at warm-up is measured again after at most n more
+    of its steps (the engine's loop calls it when it starts), never later than it would be."""
+    policy = StepThreads(2, trials=3, recheck_every=4096)
+    settle(policy, 1, {1: 0.010, 2: 0.030})
+    policy.recheck_within(5)
+    for _ in range(4):
+        policy.observe(1, policy.pick(1), 0.010)
+    assert policy.choice == {1: 1}
+    policy.observe(1, policy.pick(1), 0.010)
+    assert policy.choice == {}

@@ -1,5 +1,5 @@
 """The AVX2 int4/int8 kernels (runtime.models.cpu_kernels) against the dequantized fp32 reference,
-and the layers' choice of them: one-row calls where enabled, torch's kernels elsewhere."""
+and the layers' choice of them: every call where enabled, torch's kernels elsewhere."""
 
 from __future__ import annotations
 
@@ -48,12 +48,12 @@ def _close(got: torch.Tensor, expected: torch.Tensor) -> bool:
 
 
 @pytest.mark.parametrize("group_size", [32, 64, 128])
-@pytest.mark.parametrize("rows", [1, 3, 6])
+@pytest.mark.parametrize("rows", [1, 3, 70])
 @pytest.mark.parametrize("shape", [(144, 128), (1536, 576), (576, 1536)])
 def test_int4_kernel_matches_the_dequantized_weight(
     kernels: None, group_size: int, rows: int, shape: tuple[int, int]
 ) -> None:
-    """6 rows run the kernel's second chunk of activation rows."""
+    """70 rows run the many-row order, across its chunks of 64 rows."""
     if shape[1] % group_size:
         group_size = 32  # 576 = 18 x 32: 64 and 128 do not divide it
     weight, bias = _weights(*shape)
@@ -95,20 +95,26 @@ def test_int8_kernel_matches_the_dequantized_weight(
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
-def test_one_row_runs_the_kernel_and_more_rows_torchs(kernels: None, method: str) -> None:
-    weight, bias = _weights(192, 576)
+def test_every_call_runs_the_kernel_each_row_as_alone(kernels: None, method: str) -> None:
+    """A call of many rows (a prefill) runs the kernel with its loops turned round (each tile of
+    weights serves every row): each row's result is bit for bit its one-row call's, across the
+    chunks of 64 rows, and an int8 layer's last, partial tile of 3 rows included."""
+    out_f = 195 if method == "int8" else 192
+    weight, bias = _weights(out_f, 576)
     layer = (
         Int8Linear.quantize(weight, bias) if method == "int8" else Int4Linear.quantize(weight, bias)
     )
     mm = cpu_kernels.int8_mm if method == "int8" else cpu_kernels.int4_mm
-    x = torch.randn(2, 576, generator=torch.Generator().manual_seed(3))
+    x = torch.randn(70, 576, generator=torch.Generator().manual_seed(3))
     one = layer(x[:1])
     assert torch.equal(one, mm(x[:1], layer.gemv) + bias)  # this kernel, then the bias
     assert torch.equal(layer(x[:1].view(1, 1, -1)).view(1, -1), one)  # 1 x 1 rows: one row
-    two = layer(x)  # two rows: torch's kernel (bf16 activations)
-    assert torch.equal(two, layer.quantized_forward(x.to(torch.bfloat16)).float() + bias)
+    many = layer(x)
+    assert torch.equal(many, mm(x, layer.gemv) + bias)
+    alone = torch.cat([mm(x[i : i + 1], layer.gemv) for i in range(len(x))]) + bias
+    assert torch.equal(many, alone)
     expected = F.linear(x, layer.weight, bias)
-    assert _close(one, expected[:1]) and _close(two, expected)
+    assert _close(one, expected[:1]) and _close(many, expected)
 
 
 def test_shapes_the_layout_cannot_hold_stay_on_torchs_kernel(kernels: None) -> None:
@@ -156,7 +162,7 @@ def test_a_quantized_model_decodes_a_token_on_the_kernels_as_on_torchs(
         pages = Pages(loaded.model)
         kv = pages.new()
         with torch.inference_mode():
-            pages.step([(kv, [5, 17, 3, 9])])  # 4 rows: torch's kernels on both
+            pages.step([(kv, [5, 17, 3, 9])])  # 4 rows: the many-row order on ours
             (last,) = pages.step([(kv, [11])])  # one row: the AVX2 kernels on ours
         logits.append(last)
     assert not torch.equal(logits[0], logits[1])  # different kernels ran
@@ -171,26 +177,31 @@ def test_a_quantized_model_decodes_a_token_on_the_kernels_as_on_torchs(
 
 
 def test_decode_attention_writes_the_pool_and_matches_sdpa(kernels: None) -> None:
-    """One token of a sequence whose pages 2..4 are a run, 9 tokens before it (page size 4):
-    the pool gets its K/V at slot 2 * 4 + 9, and every query head attends to its KV head's 10
-    positions as `ops.attention` does (fp32, another order of summation)."""
+    """One token of a sequence whose page table is 6, 2, 4 (not one run: a prefix shared from
+    the cache sits where it was first written), 9 tokens before it (page size 4): the pool gets
+    its K/V at page 4, slot 1, and every query head attends to its KV head's 10 positions as
+    `ops.attention` does (fp32, another order of summation). A table that does not reach the
+    token, or names a page outside the pool, is refused."""
     g = torch.Generator().manual_seed(6)
     num_heads, num_kv_heads, head_dim, pages, size = 9, 3, 64, 8, 4
     pool = torch.randn(2, num_kv_heads, pages, size, head_dim, generator=g)
     qkv = torch.randn(1, num_heads + 2 * num_kv_heads, head_dim, generator=g)
     q, k, v = qkv.split([num_heads, num_kv_heads, num_kv_heads], dim=1)  # views, as the model's
-    first, past = 2, 9
+    table, past = [6, 2, 4], 9
     expected_pool = pool.clone()
-    slots = expected_pool.view(2, num_kv_heads, pages * size, head_dim)
-    slots[0, :, first * size + past], slots[1, :, first * size + past] = k[0], v[0]
-    run = slots[:, :, first * size : first * size + past + 1]
+    expected_pool[0, :, 4, 1], expected_pool[1, :, 4, 1] = k[0], v[0]
+    run = expected_pool[:, :, table].reshape(2, num_kv_heads, len(table) * size, head_dim)
+    run = run[:, :, : past + 1]
     expected = ops.attention(q.transpose(0, 1), run[0], run[1], causal_offset=past)
-    got = torch.ops.fastllm_cpu.decode_attend(q, k, v, pool, first, past)
+    got = torch.ops.fastllm_cpu.decode_attend(q, k, v, pool, table, past)
     assert torch.equal(pool, expected_pool)
     assert got.shape == (1, num_heads, head_dim)
     torch.testing.assert_close(got, expected.transpose(0, 1), rtol=1e-5, atol=1e-5)
     with pytest.raises(RuntimeError, match="outside the pool"):
-        torch.ops.fastllm_cpu.decode_attend(q, k, v, pool, pages - 1, size)
+        torch.ops.fastllm_cpu.decode_attend(q, k, v, pool, [pages - 1], size)
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        torch.ops.fastllm_cpu.decode_attend(q, k, v, pool, [6, pages], size)
+    assert torch.equal(pool, expected_pool)
 
 
 def test_a_lone_decode_step_runs_the_fused_attention(
@@ -234,20 +245,28 @@ def stack_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-def _decode(model: torch.nn.Module, decode_threads: int | None = None) -> tuple:
+def _decode(
+    model: torch.nn.Module, decode_threads: int | None = None, scattered: bool = False
+) -> tuple:
     """A 7-token prompt, then one token a step (on `decode_threads` when given): the decode
-    steps' logits and the pool after."""
+    steps' logits and the sequence's K/V in the pool after. `scattered`: another sequence takes
+    the page after the prompt's, so the decode steps' table is pages 0, 1, 3 (not one run)."""
     pages = Pages(model, page_size=4)
     kv = pages.new()
     before = torch.get_num_threads()
     with torch.inference_mode():
         pages.step([(kv, [5, 17, 3, 9, 4, 8, 2])])
+        if scattered:
+            assert pages.cache.ensure(pages.new(), 4)
         try:
             torch.set_num_threads(decode_threads or before)
             logits = [pages.step([(kv, [t])])[0] for t in (11, 12, 13, 14)]
         finally:
             torch.set_num_threads(before)
-    return logits, pages.cache.pool.data.clone()
+    # the sequence's tokens only: the rest of the pool was never written (torch.empty: whatever
+    # the allocator's recycled memory held, NaN included)
+    data = pages.cache.pool.data[:, :, :, kv.page_ids]  # [layers, 2, Hkv, pages, size, D]
+    return logits, data.flatten(3, 4)[:, :, :, : kv.num_tokens].clone()
 
 
 def test_a_lone_decode_step_runs_the_whole_stack_in_one_call(
@@ -273,6 +292,12 @@ def test_a_lone_decode_step_runs_the_whole_stack_in_one_call(
     for a, b in zip(fused_logits, layer_logits, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(fused_pool, layer_pool, rtol=1e-5, atol=1e-5)
+    # pages that are not one run (a prefix from the cache): the stack still, the same logits
+    model.fused_stack = stack
+    scattered_logits, _ = _decode(model, scattered=True)
+    assert len(calls) == 8
+    for a, b in zip(scattered_logits, fused_logits, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     monkeypatch.setenv("FASTLLM_CPU_KERNELS", "off")
     theirs = load_model(stack_llama_dir, device="cpu", quantization="int4", quantize_lm_head=True)
     assert theirs.model.fused_stack is None
@@ -331,16 +356,19 @@ def test_the_stack_refuses_a_bad_pack_before_touching_anything(
     op = torch.ops.fastllm_cpu.decode_stack
     common = (a.num_heads, a.intermediate_size, a.norm_eps)
     with pytest.raises(RuntimeError, match="fewer tensors than counts say"):
-        op(x, stack.weights[:-1], stack.counts, cos, sin, pool, 0, 3, *common)
+        op(x, stack.weights[:-1], stack.counts, cos, sin, pool, [2], 3, *common)
     swapped = list(stack.weights)
     swapped[1:4], swapped[4:7] = stack.weights[4:7], stack.weights[1:4]  # qkv <-> o: wrong shapes
     with pytest.raises(RuntimeError, match="qkv: expected"):
-        op(x, swapped, stack.counts, cos, sin, pool, 0, 3, *common)
+        op(x, swapped, stack.counts, cos, sin, pool, [2], 3, *common)
     with pytest.raises(RuntimeError, match="outside the pool"):
-        op(x, stack.weights, stack.counts, cos, sin, pool, 3, 4, *common)
+        op(x, stack.weights, stack.counts, cos, sin, pool, [3], 4, *common)  # one page, 5 tokens
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        op(x, stack.weights, stack.counts, cos, sin, pool, [4], 3, *common)  # pages 0..3
     assert torch.equal(x, before) and not pool.any()
-    op(x, stack.weights, stack.counts, cos.reshape(-1), sin.reshape(-1), pool, 0, 3, *common)
-    assert not torch.equal(x, before) and pool[:, :, :, 0, 3].any()  # the token's K/V stored
+    op(x, stack.weights, stack.counts, cos.reshape(-1), sin.reshape(-1), pool, [2], 3, *common)
+    assert not torch.equal(x, before) and pool[:, :, :, 2, 3].any()  # the token's K/V stored
+    assert not pool[:, :, :, [0, 1, 3]].any()
 
 
 def test_a_compiled_step_takes_the_stack_for_a_lone_token(

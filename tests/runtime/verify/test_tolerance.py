@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from runtime.verify.tolerance import (
+    INT8_BLOCKS,
     LOGIT_ULPS,
     chain_dtype,
     default_threshold,
@@ -48,3 +49,12 @@ def test_chain_dtype_is_bf16_once_a_quantized_kernel_runs() -> None:
     assert chain_dtype(torch.float32, is_quantized=False) == "float32"
     assert chain_dtype(torch.float16, is_quantized=True) == "float16"
     assert chain_dtype("bfloat16", is_quantized=False) == "bfloat16"
+
+
+def test_the_avx2_kernels_chain_is_four_bf16_spacings_a_step() -> None:
+    """A quantized model on runtime.models.cpu_kernels's kernels (int8 activations in blocks of
+    32) gets the coarser chain, 6 significant bits: each of its spacings is four of bf16's."""
+    assert chain_dtype(torch.float32, is_quantized=True, int8_activations=True) == INT8_BLOCKS
+    assert chain_dtype(torch.float32, is_quantized=False, int8_activations=True) == "float32"
+    for value in (0.3, 9.18, 31.0, 33.0):
+        assert ulp(INT8_BLOCKS, value) == 4 * ulp("bfloat16", value)
