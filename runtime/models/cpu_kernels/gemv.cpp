@@ -116,6 +116,17 @@ struct QuantizedX {
 
 inline void store(float* o, float v, bool accumulate) { *o = accumulate ? *o + v : v; }
 
+// an int4 tile's four outputs: each row's 8 lanes summed, plus its centring and zeros (`extra`)
+inline void store_tile(float* o, __m256 a0, __m256 a1, __m256 a2, __m256 a3, __m128 extra,
+                       bool accumulate) {
+  float e[4];
+  _mm_storeu_ps(e, extra);
+  store(o, hsum(a0) + e[0], accumulate);
+  store(o + 1, hsum(a1) + e[1], accumulate);
+  store(o + 2, hsum(a2) + e[2], accumulate);
+  store(o + 3, hsum(a3) + e[3], accumulate);
+}
+
 
 // Rows of activations per pass over a thread's tiles in the many-row GEMMs: a chunk's int8 codes
 // (64 x K bytes, 96 KiB at K = 1536) stay in L2 while each tile's weights sit in L1 and serve
@@ -150,14 +161,16 @@ void int4_many(const int8_t* q, const float* dxp, const float* sxp, const float*
           const float *dxm = dxp + m * nb, *sxm = sxp + m * nb, *cm = cp + m * nb;
           __m128 extra = _mm_setzero_ps();
           for (int64_t b = 0; b < nb; ++b) {
-            const __m128 d4 = _mm_loadu_ps(d4s.data() + b * 4), z4 = _mm_loadu_ps(z4s.data() + b * 4);
+            const __m128 d4 = _mm_loadu_ps(d4s.data() + b * 4);
+            const __m128 z4 = _mm_loadu_ps(z4s.data() + b * 4);
             _mm_storeu_ps(sc.data() + b * 4, _mm_mul_ps(d4, _mm_set1_ps(dxm[b])));
             extra = _mm_fmadd_ps(z4, _mm_set1_ps(sxm[b]), extra);
             extra = _mm_fnmadd_ps(d4, _mm_set1_ps(cm[b]), extra);
           }
           __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
           for (int64_t b = 0; b < nb; ++b) {
-            const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xm + b * kBlock));
+            const __m256i xv =
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xm + b * kBlock));
             const __m256i* wb = wu.data() + b * 4;
             const float* s = sc.data() + b * 4;
             a0 = fma_dot(wb[0], xv, s[0], a0);
@@ -165,13 +178,7 @@ void int4_many(const int8_t* q, const float* dxp, const float* sxp, const float*
             a2 = fma_dot(wb[2], xv, s[2], a2);
             a3 = fma_dot(wb[3], xv, s[3], a3);
           }
-          float e[4];
-          _mm_storeu_ps(e, extra);
-          float* o = out + m * N + t * 4;
-          store(o, hsum(a0) + e[0], accumulate);
-          store(o + 1, hsum(a1) + e[1], accumulate);
-          store(o + 2, hsum(a2) + e[2], accumulate);
-          store(o + 3, hsum(a3) + e[3], accumulate);
+          store_tile(out + m * N + t * 4, a0, a1, a2, a3, extra, accumulate);
         }
       }
     }
@@ -234,13 +241,7 @@ void int4_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, const uin
           a2 = fma_dot(unpack_nibbles(wb + 32), xv, s[2], a2);
           a3 = fma_dot(unpack_nibbles(wb + 48), xv, s[3], a3);
         }
-        float e[4];
-        _mm_storeu_ps(e, extra);
-        float* o = out + m * N + t * 4;
-        store(o, hsum(a0) + e[0], accumulate);
-        store(o + 1, hsum(a1) + e[1], accumulate);
-        store(o + 2, hsum(a2) + e[2], accumulate);
-        store(o + 3, hsum(a3) + e[3], accumulate);
+        store_tile(out + m * N + t * 4, a0, a1, a2, a3, extra, accumulate);
       }
     }
   });
