@@ -127,7 +127,6 @@ inline void store_tile(float* o, __m256 a0, __m256 a1, __m256 a2, __m256 a3, __m
   store(o + 3, hsum(a3) + e[3], accumulate);
 }
 
-
 // Rows of activations per pass over a thread's tiles in the many-row GEMMs: a chunk's int8 codes
 // (64 x K bytes, 96 KiB at K = 1536) stay in L2 while each tile's weights sit in L1 and serve
 // every row of the chunk; a longer prompt re-reads the weights once a chunk.
