@@ -141,7 +141,6 @@ class BatchPlan:
             (s, j, min(q_tile, n - j)) for s, n in enumerate(lengths) for j in range(0, n, q_tile)
         ]
         single_prefill = len(seqs) == 1 and seqs[0].kv.num_tokens == 0
-        lone_run = None if single_prefill or len(seqs) > 1 else _lone_run(seqs[0].kv, pages[0])
         fused = (
             fused_decode
             and len(seqs) == 1
@@ -151,10 +150,12 @@ class BatchPlan:
             and pool.device.type == "cpu"
             and pool.is_contiguous()  # the kernels index the pool's memory themselves
         )
+        # a fused step reads its page table itself: no run to look for, no gather to plan
+        lone = not (single_prefill or fused or len(seqs) > 1)
+        lone_run = _lone_run(seqs[0].kv, pages[0]) if lone else None
         key_groups: list[KeyGroup] = []
         kv_table, gather_out = tensor([]), None
         query_index = output_index = None
-        # a fused step reads its page table itself: no gather to plan
         if not (single_prefill or lone_run is not None or fused or not rows):
             key_groups, kv_table, gather_out, query_index, output_index = _grouped(
                 seqs, rows, pages, q_tile, group, len(positions)
