@@ -74,7 +74,10 @@ def release_openmp_workers() -> bool:
     return lib is not None and lib.omp_pause_resource_all(_OMP_PAUSE_SOFT) == 0
 
 
-# steps of a settled size class before it is measured again (StepThreads)
+# steps of a settled size class before it is measured again (StepThreads): RECHECK_FIRST after
+# it settles or changes its count, twice as many after each measurement that confirms it, up to
+# RECHECK_EVERY
+RECHECK_FIRST = 256
 RECHECK_EVERY = 4096
 
 
@@ -96,11 +99,14 @@ class StepThreads:
     favours. Alternating and pairing make a drift or a shift (a growing context, other load,
     the warm-up's steps then real ones) hit both alike. A class above one that settled on the
     most threads takes the most without measuring (more work per step splits better).
-    A settled class is measured again after `recheck_every` of its steps: the first measurement
-    runs at load, when another process may be loading on the same cores (two servers started
-    together on a 2-core machine: the first kept one thread for batch-1 decode, 16 ms a token
-    served against 12 ms for the second), and the choice would otherwise stand for the
-    process's life. Measuring costs a few steps on the slower count: ~0.1% of a class's steps.
+    A settled class is measured again after `recheck_first` of its steps, then after twice as
+    many each time the count is confirmed, up to `recheck_every`: a measurement may run while
+    something else holds the cores (another process loading, the server's own HTTP thread and
+    a client on a 2-core machine), and a wrong count would otherwise stand for thousands of
+    steps. Seen in bench.peer --server: of two identical servers, one kept one thread for
+    batch-1 decode after pairs of 46 ms (one thread) against 125-150 ms (two) in its first
+    steps, and served 16 ms a token against 11.7 ms for the other. Measuring costs a few steps
+    on the slower count: under 1% of a class's steps at the first interval, ~0.1% at the last.
     Off (the count never changes) when the most is one, or for a CUDA device, whose steps do not
     run on these threads. A reduction split across another number of threads can round
     differently, so while a class is measuring, two identical requests may differ in the last
@@ -112,16 +118,20 @@ class StepThreads:
         max_threads: int,
         *,
         enabled: bool = True,
-        trials: int = 3,
+        trials: int = 5,
+        recheck_first: int = RECHECK_FIRST,
         recheck_every: int = RECHECK_EVERY,
     ) -> None:
         self.max_threads = max_threads
-        self.trials = trials
+        self.trials = trials  # 5: the median of three pairs followed one slow step
+        self.recheck_first = min(recheck_first, recheck_every)
         self.recheck_every = recheck_every
         self.candidates = (1, max_threads) if enabled and max_threads > 1 else (max_threads,)
         self.choice: dict[int, int] = {}  # size class -> the count it settled on
         self._seconds: dict[tuple[int, int], list[float]] = {}  # (class, count) -> step times
         self._since: dict[int, int] = {}  # size class -> its steps since it settled
+        self._interval: dict[int, int] = {}  # size class -> its steps between measurements
+        self._last: dict[int, int] = {}  # size class -> the count its last measurement chose
 
     def pick(self, num_tokens: int) -> int:
         """The count for a step of `num_tokens` tokens, applied to the calling thread."""
@@ -143,11 +153,19 @@ class StepThreads:
         return threads
 
     def recheck_within(self, steps: int) -> None:
-        """Measure every settled class again after at most `steps` more of its steps (the
-        engine's loop, for the warm-up's choices: made on the loading thread, while whatever
-        else ran on the machine then)."""
+        """Measure every settled class again after at most `steps` more of its steps, and drop
+        the times of the classes still measuring (the engine's loop, for the warm-up's choices
+        and times: taken on the loading thread, while whatever else ran on the machine then).
+
+        Why the times go too: a class the warm-up left unsettled went on from them in the
+        loop, comparing the warm-up's steps with the first real ones. Two identical servers
+        started one after the other (bench.peer --server) settled batch-1 decode on one thread
+        in one of them (pairs 16.9 / 21.8 and 13.3 / 16.9 ms) and on two in the other; served,
+        16 ms a token against 11.7, for the life of the class's choice."""
         for size in self.choice:
-            self._since[size] = max(self._since.get(size, 0), self.recheck_every - steps)
+            self._since[size] = max(self._since.get(size, 0), self._every(size) - steps)
+        for key in [k for k in self._seconds if k[0] not in self.choice]:
+            del self._seconds[key]
 
     def observe(self, num_tokens: int, threads: int, seconds: float) -> None:
         """A step's measured time; settles its size class once every candidate has enough."""
@@ -157,7 +175,7 @@ class StepThreads:
         if size in self.choice:
             since = self._since.get(size, 0) + 1
             self._since[size] = since
-            if since >= self.recheck_every:  # measured again from the next step (class doc)
+            if since >= self._every(size):  # measured again from the next step (class doc)
                 del self.choice[size]
                 self._since[size] = 0
                 for count in self.candidates:
@@ -172,7 +190,16 @@ class StepThreads:
             # the `small` llama they kept one thread (41 ms a step against 27 on two)
             ratios = [b / a for a, b in zip(one, most, strict=False) if a > 0]
             faster = bool(ratios) and statistics.median(ratios) < 1.0
-            self.choice[size] = self.candidates[1] if faster else self.candidates[0]
+            chosen = self.candidates[1] if faster else self.candidates[0]
+            confirmed = self._last.get(size) == chosen
+            self._interval[size] = (
+                min(2 * self._every(size), self.recheck_every) if confirmed else self.recheck_first
+            )
+            self._last[size] = self.choice[size] = chosen
+
+    def _every(self, size: int) -> int:
+        """Steps of a settled class between its measurements (class doc)."""
+        return self._interval.get(size, self.recheck_first)
 
 
 def step_threads_for(

@@ -17,7 +17,11 @@ head_dim] with each (row, head) contiguous; one `ops.masked_attention` call per 
 A query group (the query heads that share a kv head) is folded into query rows, so K/V are never
 repeated per query head. A lone sequence starting at position 0 attends to its own new K/V
 (causal, nothing to gather); a lone sequence whose pages are one run of the pool (lowest ids
-first: the usual batch-1 case) attends to a view of that run, nothing gathered either.
+first: the usual batch-1 case) attends to a view of that run, nothing gathered either. On an fp32
+CPU pool where the model asks for it (`fused_decode`, decided at load), a step of one new token
+per sequence skips all of this: its writes and attention are one call of our own per layer
+(`cpu_kernels.decode_attend` for one sequence, `decode_attend_rows` for several), reading each
+sequence's pages in place.
 
 What this costs on CPU is in docs/kv_cache.md (measured against the old per-sequence calls).
 """
@@ -90,6 +94,11 @@ class BatchPlan:
     # with fused_decode: the sequence's page table (the pages its tokens use) and its tokens
     # before the new one
     lone_pages: tuple[list[int], int] | None = None
+    # a decode step of several sequences, one new token each, where fused_decode's conditions
+    # hold otherwise: every row's K/V write and attention in one call
+    # (cpu_kernels.decode_attend_rows): the rows' page tables one after another, where each
+    # starts (one more than rows), and each row's tokens before its new one
+    fused_rows: tuple[list[int], list[int], list[int]] | None = None
 
     @classmethod
     def build(
@@ -141,22 +150,22 @@ class BatchPlan:
             (s, j, min(q_tile, n - j)) for s, n in enumerate(lengths) for j in range(0, n, q_tile)
         ]
         single_prefill = len(seqs) == 1 and seqs[0].kv.num_tokens == 0
-        fused = (
+        fusable = (
             fused_decode
-            and len(seqs) == 1
-            and len(positions) == 1
-            and not single_prefill
+            and len(positions) == len(seqs)  # one new token a sequence
             and pool.dtype == torch.float32
             and pool.device.type == "cpu"
             and pool.is_contiguous()  # the kernels index the pool's memory themselves
         )
-        # a fused step reads its page table itself: no run to look for, no gather to plan
+        fused = fusable and len(seqs) == 1 and not single_prefill
+        fused_rows = _fused_rows(seqs, pages) if fusable and len(seqs) > 1 else None
+        # a fused step reads its page tables itself: no run to look for, no gather to plan
         lone = not (single_prefill or fused or len(seqs) > 1)
         lone_run = _lone_run(seqs[0].kv, pages[0]) if lone else None
         key_groups: list[KeyGroup] = []
         kv_table, gather_out = tensor([]), None
         query_index = output_index = None
-        if not (single_prefill or lone_run is not None or fused or not rows):
+        if not (single_prefill or lone_run is not None or fused or fused_rows or not rows):
             key_groups, kv_table, gather_out, query_index, output_index = _grouped(
                 seqs, rows, pages, q_tile, group, len(positions)
             )
@@ -175,7 +184,20 @@ class BatchPlan:
             lone_run=lone_run,
             fused_decode=fused,
             lone_pages=(seqs[0].kv.page_ids[: pages[0]], positions[0]) if fused else None,
+            fused_rows=fused_rows,
         )
+
+
+def _fused_rows(
+    seqs: Sequence[SeqSlice], pages: list[int]
+) -> tuple[list[int], list[int], list[int]]:
+    """decode_attend_rows' tables, their starts and the rows' past tokens."""
+    flat: list[int] = []
+    starts = [0]
+    for seq, count in zip(seqs, pages, strict=True):
+        flat.extend(seq.kv.page_ids[:count])
+        starts.append(len(flat))
+    return flat, starts, [seq.kv.num_tokens for seq in seqs]
 
 
 def _key_group_cuts(sorted_pages: Sequence[int], unit: int) -> list[int]:
@@ -327,6 +349,8 @@ def attend(plan: BatchPlan, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tens
         assert plan.lone_pages is not None
         table, past = plan.lone_pages
         return torch.ops.fastllm_cpu.decode_attend(q, k, v, pool, table, past)
+    if plan.fused_rows is not None:  # a decode step of several sequences, likewise
+        return torch.ops.fastllm_cpu.decode_attend_rows(q, k, v, pool, *plan.fused_rows)
     num_pages, size = pool.shape[2], pool.shape[3]
     slots = pool.view(2, num_kv_heads, num_pages * size, head_dim)
     slots[0].index_copy_(1, plan.write_slots, k.transpose(0, 1))

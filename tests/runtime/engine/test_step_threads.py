@@ -105,7 +105,7 @@ def test_the_engine_loop_runs_small_steps_on_the_count_it_measured(
     generate(loaded, [[5, 6, 7]], params, num_threads=2)
     assert loaded.step_threads[2] is policy
     assert policy.choice.get(1) in (1, 2)
-    assert policy._since[1] >= policy.recheck_every - 64
+    assert policy._since[1] >= policy._every(1) - 64
 
 
 @pytest.mark.usefixtures("two_threads")
@@ -270,3 +270,41 @@ def test_the_warm_ups_choices_are_measured_again_soon() -> None:
     assert policy.choice == {1: 1}
     policy.observe(1, policy.pick(1), 0.010)
     assert policy.choice == {}
+
+
+@pytest.mark.usefixtures("two_threads")
+def test_the_loop_drops_the_warm_ups_times_of_a_class_still_measuring() -> None:
+    """A class the warm-up left unsettled starts measuring afresh when the loop calls
+    `recheck_within`: its warm-up times (two threads slow then) are not paired with the loop's
+    (two threads fast now), and a settled class keeps its choice until its recheck."""
+    policy = StepThreads(2, trials=3)
+    settle(policy, 8, {1: 0.050, 2: 0.040})  # settled at warm-up: kept
+    for _ in range(3):  # class 1: a cold step and one timed step each, not settled
+        policy.observe(1, policy.pick(1), {1: 0.010, 2: 0.030}[torch.get_num_threads()])
+    assert 1 not in policy.choice
+    policy.recheck_within(64)
+    assert policy.choice == {8: 2}
+    picked = settle(policy, 1, {1: 0.015, 2: 0.009})
+    assert picked == [1, 2] * 4  # measured from a cold step again
+    assert policy.choice == {1: 2, 8: 2}
+
+
+@pytest.mark.usefixtures("two_threads")
+def test_a_confirmed_count_is_measured_again_less_often_and_a_change_soon() -> None:
+    """After it settles a class is measured again within `recheck_first` steps; each
+    measurement that confirms the count doubles the interval up to `recheck_every`, and one
+    that changes it starts over."""
+    policy = StepThreads(2, trials=3, recheck_first=4, recheck_every=16)
+    timings = {1: 0.010, 2: 0.030}
+    intervals = []
+    for _ in range(5):
+        settle(policy, 1, timings)
+        assert policy.choice == {1: 1}
+        steps = 0
+        while 1 in policy.choice:
+            policy.observe(1, policy.pick(1), timings[1])
+            steps += 1
+        intervals.append(steps)
+    assert intervals == [4, 8, 16, 16, 16]
+    settle(policy, 1, {1: 0.015, 2: 0.009})  # two threads now win: soon measured again
+    assert policy.choice == {1: 2} and policy._every(1) == 4

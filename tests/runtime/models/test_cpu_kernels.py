@@ -204,6 +204,86 @@ def test_decode_attention_writes_the_pool_and_matches_sdpa(kernels: None) -> Non
     assert torch.equal(pool, expected_pool)
 
 
+def test_decode_attention_of_many_rows_is_each_rows_lone_call(kernels: None) -> None:
+    """A decode step of four sequences in one call (decode_attend_rows): rows 0 and 1 share a
+    prefix page (3), row 2 starts at position 0, row 3's table is out of order. Each row's
+    output and K/V write are bit for bit its own decode_attend call's. Bad input (a table that
+    does not reach the token, a page outside the pool, two rows writing one slot, starts that
+    disagree with the rows) is refused with nothing written."""
+    g = torch.Generator().manual_seed(7)
+    num_heads, num_kv_heads, head_dim, num_pages, size = 9, 3, 64, 12, 4
+    pool = torch.randn(2, num_kv_heads, num_pages, size, head_dim, generator=g)
+    tables = [[3, 5], [3, 7, 8], [1], [10, 0, 6]]
+    pasts = [5, 9, 0, 11]
+    rows = len(tables)
+    qkv = torch.randn(rows, num_heads + 2 * num_kv_heads, head_dim, generator=g)
+    q, k, v = qkv.split([num_heads, num_kv_heads, num_kv_heads], dim=1)
+    flat = [page for table in tables for page in table]
+    starts = [0, 2, 5, 6, 9]
+    expected_pool = pool.clone()
+    expected = [
+        torch.ops.fastllm_cpu.decode_attend(
+            q[r : r + 1], k[r : r + 1], v[r : r + 1], expected_pool, tables[r], pasts[r]
+        )
+        for r in range(rows)
+    ]
+    before = pool.clone()
+    got = torch.ops.fastllm_cpu.decode_attend_rows(q, k, v, pool, flat, starts, pasts)
+    assert got.shape == (rows, num_heads, head_dim)
+    assert torch.equal(got, torch.cat(expected))
+    assert torch.equal(pool, expected_pool)
+    assert not torch.equal(pool, before)
+    bad = {
+        "outside the pool": (flat, starts, [5, 9, 0, 12]),  # row 3's table ends at 11
+        "outside the pool ": ([*flat[:-1], num_pages], starts, pasts),
+        "the same slot": ([3, 5, 3, 5, 8, 1, 10, 0, 6], starts, [5, 5, 0, 11]),
+        "disagree on the rows": (flat, starts[:-1], pasts),
+        "from 0 to the tables' length": (flat, [0, 2, 5, 6, 8], pasts),
+    }
+    after = pool.clone()
+    for message, (pages, row_starts, row_pasts) in bad.items():
+        with pytest.raises(RuntimeError, match=message.strip()):
+            torch.ops.fastllm_cpu.decode_attend_rows(q, k, v, pool, pages, row_starts, row_pasts)
+    assert torch.equal(pool, after)
+
+
+def test_a_decode_step_of_several_sequences_runs_the_fused_attention(
+    kernels: None, demo_model_dir: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tiny llama in fp32 decoding three sequences of different lengths together: a model
+    loaded with the kernels on plans its decode steps as one call for every row (fused_rows)
+    and a step with a prompt beside the decodes as before; its logits agree with one loaded
+    with the kernels off."""
+    plans: list[BatchPlan] = []
+    build = BatchPlan.build.__func__  # type: ignore[attr-defined]
+
+    def spy(cls: type[BatchPlan], *args: object, **kwargs: bool) -> BatchPlan:
+        plans.append(build(cls, *args, **kwargs))
+        return plans[-1]
+
+    monkeypatch.setattr(BatchPlan, "build", classmethod(spy))
+    logits: dict[str, list[torch.Tensor]] = {}
+    for mode in ("on", "off"):
+        monkeypatch.setenv("FASTLLM_CPU_KERNELS", mode)
+        model = load_model(demo_model_dir("llama"), device="cpu").model
+        pages = Pages(model, page_size=4)
+        a, b, c = pages.new(), pages.new(), pages.new()
+        out: list[torch.Tensor] = []
+        with torch.inference_mode():
+            pages.step([(a, [5, 17, 3, 9, 4, 8, 2]), (b, [6, 1])])
+            for t in (11, 12):
+                out += pages.step([(a, [t]), (b, [t + 1])])
+            out += pages.step([(a, [13]), (b, [14]), (c, [7, 8, 9])])  # a prompt beside them
+            for t in (15, 16):
+                out += pages.step([(a, [t]), (b, [t + 1]), (c, [t + 2])])
+        logits[mode] = out
+    fused = [p.fused_rows is not None for p in plans]
+    assert fused == [False, True, True, False, True, True] + [False] * 6
+    assert plans[1].fused_rows is not None and plans[1].key_groups == []
+    for x, y in zip(logits["on"], logits["off"], strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4)
+
+
 def test_a_lone_decode_step_runs_the_fused_attention(
     kernels: None, demo_model_dir: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
