@@ -32,8 +32,9 @@ void check_table(at::IntArrayRef pages, int64_t P, int64_t S, int64_t past) {
 
 namespace {
 
-// Stores one token's K/V [Hkv, D] each at position `past` of its table. Position t of KV head h
-// is page pages[t / S], slot t % S; keys are [0, Hkv) of the layer's pool, values [Hkv, 2 Hkv).
+// One sequence's pages in a layer's pool [2, Hkv, P, S, D]: position t of KV head h is page
+// pages[t / S], slot t % S; keys are heads [0, Hkv) of the pool's first dimension's flattening,
+// values [Hkv, 2 Hkv). `store` writes a token's K/V [Hkv, D] each at position `past`.
 struct Table {
   float* base;
   int64_t Hkv, P, S, D;
@@ -179,7 +180,8 @@ at::Tensor decode_attend_rows(const at::Tensor& q, const at::Tensor& k, const at
     table.store(kp + b * Hkv * D, vp + b * Hkv * D, pasts[b]);
   }
   const int64_t group = Hq / Hkv;
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(longest * D, 1));
+  const int64_t work = std::max<int64_t>(longest * D, 1);  // a (row, head)'s, at most
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / work);
   at::parallel_for(0, B * Hq, grain, [&](int64_t i0, int64_t i1) {
     std::vector<float> scores(longest);
     for (int64_t i = i0; i < i1; ++i) {
