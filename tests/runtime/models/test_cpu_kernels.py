@@ -94,18 +94,22 @@ def test_int8_kernel_matches_the_dequantized_weight(
     assert _close(cpu_kernels.int8_mm(x, layer.gemv), x @ layer.weight.t())
 
 
+@pytest.mark.parametrize("rows", [70, 5])
 @pytest.mark.parametrize("method", ["int8", "int4"])
-def test_every_call_runs_the_kernel_each_row_as_alone(kernels: None, method: str) -> None:
+def test_every_call_runs_the_kernel_each_row_as_alone(
+    kernels: None, method: str, rows: int
+) -> None:
     """A call of many rows (a prefill) runs the kernel with its loops turned round (each tile of
     weights serves every row): each row's result is bit for bit its one-row call's, across the
-    chunks of 64 rows, and an int8 layer's last, partial tile of 3 rows included."""
+    chunks of 64 rows, int4's groups of 8 rows (70 = 64 + 6; 5: fewer than a group) and an int8
+    layer's last, partial tile of 3 rows included."""
     out_f = 195 if method == "int8" else 192
     weight, bias = _weights(out_f, 576)
     layer = (
         Int8Linear.quantize(weight, bias) if method == "int8" else Int4Linear.quantize(weight, bias)
     )
     mm = cpu_kernels.int8_mm if method == "int8" else cpu_kernels.int4_mm
-    x = torch.randn(70, 576, generator=torch.Generator().manual_seed(3))
+    x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(3))
     one = layer(x[:1])
     assert torch.equal(one, mm(x[:1], layer.gemv) + bias)  # this kernel, then the bias
     assert torch.equal(layer(x[:1].view(1, 1, -1)).view(1, -1), one)  # 1 x 1 rows: one row
