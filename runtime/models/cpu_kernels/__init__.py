@@ -20,12 +20,12 @@ weights for them at construction (`pack_int4`, `pack_int8`). A call of many rows
 batched step) turns the loops round: each tile of four weight rows is read (and, for int4,
 unpacked) once into L1 and serves every row of x (gemv.cpp's int4_many), so the weights stream
 from memory once a call, not once a row; a row's result is bit for bit the one-row call's.
-Its per-row scale and zero setup runs eight rows a vector (gemv.cpp says how the bits stay the
-one-row call's). Measured on the 2-core EPYC, 1 thread, hot weights, 32 rows: 0.30 ms for a
-576 x 576 int4 projection against 0.35 ms for MKL's fp32 GEMM on the dequantized copy (which
-reads 8x the bytes when cold); 0.43 ms before the setup was vectorized. The dense copies
-(runtime.models.dense_batch) still take calls of many rows where they measure 1.2x as fast at
-load.
+Its per-row scale and zero setup runs eight rows a vector and its products two rows of x at a
+time (gemv.cpp says how the bits stay the one-row call's). Measured on the 2-core EPYC, 1
+thread, hot weights, 32 rows: 0.30 ms for a 576 x 576 int4 projection against 0.35 ms for MKL's
+fp32 GEMM on the dequantized copy (which reads 8x the bytes when cold); 0.43 ms before the setup
+was vectorized. The dense copies (runtime.models.dense_batch) still take calls of many rows
+where they measure 1.2x as fast at load.
 
 The C++ source is compiled once per machine by torch's extension builder (ninja, a C++
 compiler; ~20 s) into its cache (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions):
